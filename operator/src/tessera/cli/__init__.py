@@ -1,0 +1,35 @@
+"""The ``tessera`` command: one entry point, one subcommand per job.
+
+Each subcommand lives in its own module and registers itself in ``SUBCOMMANDS``; this module
+only parses the first word and configures logging once. Not for: any of the jobs themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help). Each module has `add_arguments(parser)` and `run(args) -> int`.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "cluster": ("tessera.cli.cluster", "build and start the local Kubernetes control plane"),
+    "demo": ("tessera.cli.cluster", "run Tessera on a local control plane with simulated GPU nodes"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tessera", description="Share GPUs on Kubernetes through DRA.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        module = importlib.import_module(module_name)
+        modules[name] = module
+        module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+    args = parser.parse_args(argv)
+    code: int = modules[args.command].run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""Start and stop a local control plane: etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler on free loopback ports in a temporary folder.
+
+The apiserver uses token authentication and RBAC, with service-account keys; the controller
+manager runs only the controllers Tessera's tests rely on (ResourceClaims from templates,
+garbage collection, namespaces, service accounts) and not node lifecycle, which would taint
+the hand-made Nodes. Every child process gets PR_SET_PDEATHSIG, so a killed test run takes
+its control plane with it. Not for: building binaries (``tessera.localcluster.build``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import yaml
+from kubernetes_asyncio import client as k8s_client
+
+from tessera.localcluster.build import Binaries, LocalClusterError, ensure_binaries
+from tessera.localcluster.pki import make_pki
+
+ADMIN_USER = "tessera-admin"
+CONTROLLERS = (
+    "resourceclaim-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the process that started it dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@dataclass
+class LocalCluster:
+    """A running control plane. ``start()`` it, ``stop()`` it (or use it as a context manager)."""
+
+    binaries: Binaries
+    workdir: Path
+    server: str = ""
+    kubeconfig: Path = field(default_factory=Path)
+    ca_file: Path = field(default_factory=Path)
+    token: str = field(default="", repr=False)
+    _processes: list[_Process] = field(default_factory=list, repr=False)
+    _own_workdir: bool = False
+
+    @classmethod
+    def start(cls, binaries: Binaries | None = None, workdir: Path | None = None,
+              timeout: float = 120.0) -> Self:
+        """Build (if needed) and start every component; return once the apiserver is ready
+        and the scheduler and controller manager answer their health checks."""
+        binaries = binaries or ensure_binaries()
+        own = workdir is None
+        workdir = workdir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
+        cluster = cls(binaries=binaries, workdir=workdir, _own_workdir=own)
+        try:
+            cluster._start(timeout)
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> _Process:
+        log = self.workdir / f"{name}.log"
+        with log.open("wb") as out:
+            popen = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+                cwd=self.workdir,
+            )
+        process = _Process(name, popen, log)
+        self._processes.append(process)
+        return process
+
+    def _start(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pki = make_pki(self.workdir / "pki")
+        self.ca_file = pki.ca_cert
+        self.token = secrets.token_hex(24)
+        tokens = self.workdir / "tokens.csv"
+        tokens.write_text(f'{self.token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        tokens.chmod(0o600)
+
+        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        etcd = self._spawn("etcd", [
+            str(self.binaries.etcd),
+            "--name=local",
+            f"--data-dir={self.workdir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-cluster=local=http://127.0.0.1:{etcd_peer}",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ])
+        self._wait(lambda: _http_ok(f"{etcd_url}/health"), etcd, deadline, "etcd")
+
+        self.server = f"https://127.0.0.1:{api_port}"
+        apiserver = self._spawn("kube-apiserver", [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--token-auth-file={tokens}",
+            "--authorization-mode=RBAC",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--allow-privileged=true",
+            # Without node lifecycle nothing would ever remove the not-ready taint it adds.
+            "--disable-admission-plugins=TaintNodesByCondition",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            "--profiling=false",
+            "--v=0",
+        ])
+        self._wait(self._apiserver_ready, apiserver, deadline, "kube-apiserver /readyz")
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self._write_kubeconfig(self.kubeconfig)
+
+        kcm_port, sched_port = free_port(), free_port()
+        kcm = self._spawn("kube-controller-manager", [
+            str(self.binaries.kube_controller_manager),
+            f"--kubeconfig={self.kubeconfig}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={kcm_port}",
+            f"--cert-dir={self.workdir / 'kcm-certs'}",
+            f"--root-ca-file={pki.ca_cert}",
+            "--use-service-account-credentials=false",
+            "--profiling=false",
+            "--v=0",
+        ])
+        scheduler = self._spawn("kube-scheduler", [
+            str(self.binaries.kube_scheduler),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={sched_port}",
+            f"--cert-dir={self.workdir / 'scheduler-certs'}",
+            "--profiling=false",
+            "--v=0",
+        ])
+        self._wait(lambda: _http_ok(f"https://127.0.0.1:{kcm_port}/healthz", insecure=True),
+                   kcm, deadline, "kube-controller-manager /healthz")
+        self._wait(lambda: _http_ok(f"https://127.0.0.1:{sched_port}/healthz", insecure=True),
+                   scheduler, deadline, "kube-scheduler /healthz")
+
+    def _wait(self, ready: Any, process: _Process, deadline: float, what: str) -> None:
+        delay = 0.05
+        while True:
+            if process.popen.poll() is not None:
+                raise LocalClusterError(
+                    f"{process.name} exited with code {process.popen.returncode} before {what} was ready; "
+                    f"its log ({process.log}) ends:\n{process.tail()}"
+                )
+            if ready():
+                return
+            if time.monotonic() > deadline:
+                raise LocalClusterError(f"{what} was not ready in time; {process.name}'s log ends:\n{process.tail()}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def _apiserver_ready(self) -> bool:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        request = urllib.request.Request(
+            f"{self.server}/readyz", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self) -> None:
+        """Stop every process this cluster started (newest first) and remove its folder."""
+        for process in reversed(self._processes):
+            if process.popen.poll() is None:
+                process.popen.terminate()
+        for process in reversed(self._processes):
+            try:
+                process.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+                process.popen.wait()
+        self._processes.clear()
+        if self._own_workdir and not os.environ.get("TESSERA_KEEP_CLUSTER_DIR"):
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- access --------------------------------------------------------------------------
+
+    def _write_kubeconfig(self, path: Path) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "local", "cluster": {
+                "server": self.server, "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": ADMIN_USER, "user": {"token": self.token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": ADMIN_USER}}],
+            "current-context": "local",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster; raises with kubectl's stderr when ``check``."""
+        proc = subprocess.run(
+            [str(self.binaries.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and proc.returncode != 0:
+            raise LocalClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    def apply(self, *paths: Path | str) -> None:
+        """``kubectl apply --server-side`` every file or folder given."""
+        for path in paths:
+            self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+
+    async def api_client(self) -> k8s_client.ApiClient:
+        """A kubernetes-asyncio client authenticated as the cluster admin."""
+        configuration = k8s_client.Configuration(host=self.server)
+        configuration.ssl_ca_cert = str(self.ca_file)
+        configuration.api_key = {"authorization": self.token}
+        configuration.api_key_prefix = {"authorization": "Bearer"}
+        return k8s_client.ApiClient(configuration=configuration)
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None,
+                 allocatable: dict[str, str] | None = None) -> dict[str, Any]:
+        """Create a Node object with a Ready status (there is no kubelet) and return it."""
+        resources = {"cpu": "64", "memory": "512Gi", "pods": "110", **(allocatable or {})}
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "KubeletReady",
+                    "message": "simulated node (no kubelet)", "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }],
+            },
+        }
+        out = self.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(node))
+        created: dict[str, Any] = json.loads(out.stdout)
+        return created
+
+
+async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1,  # noqa: ASYNC109 - a polling deadline, not a cancel scope
+                   message: str = "condition") -> Any:
+    """Await ``predicate()`` (sync or async) until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = predicate()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {message}")
+        await asyncio.sleep(interval)
+
+
+def _http_ok(url: str, insecure: bool = False) -> bool:
+    context = ssl._create_unverified_context() if insecure else None
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

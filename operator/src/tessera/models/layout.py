@@ -1,0 +1,124 @@
+"""NodeLayout (``tessera.dev/v1alpha1``, cluster-scoped, one per node) and the GPU values
+the operator and the agent share.
+
+``spec`` is what the operator wants each GPU to be (written by the operator only);
+``status`` is what the node agent found and made (written by that node's agent only): the
+inventory, the layout that really exists, health and conditions. The operator publishes
+ResourceSlices from ``status``, never from ``spec``.
+Not for: deciding layouts (``tessera.planner``) or applying them (``tessera.agent``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+from pydantic.config import JsonDict
+
+from tessera.models.base import KubeModel
+from tessera.models.catalog import MEMORY_SLICES
+from tessera.models.conditions import Condition
+from tessera.models.policy import MpsSpec, ObjectMeta, ShareStrategy, Strategy, TimeSlicingSpec
+
+_LIST_BY_UUID: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uuid"]}
+
+
+class PlacedInstance(KubeModel):
+    """A MIG GPU instance the operator wants: a profile at a start memory slice."""
+
+    profile: str = Field(min_length=1, max_length=32)
+    start: int = Field(ge=0, lt=MEMORY_SLICES)
+
+
+class GpuLayout(KubeModel):
+    """The desired layout of one GPU, as the planner made it."""
+
+    uuid: str = Field(min_length=1, max_length=128)
+    policy: str | None = Field(default=None, description="the SharingPolicy this layout comes from")
+    strategy: Strategy = Strategy.EXCLUSIVE
+    mig_instances: list[PlacedInstance] = Field(default_factory=list, max_length=7)
+    mig_sharing: ShareStrategy | None = None
+    time_slicing: TimeSlicingSpec | None = None
+    mps: MpsSpec | None = None
+
+
+class NodeLayoutSpec(KubeModel):
+    gpus: list[GpuLayout] = Field(default_factory=list, max_length=64, json_schema_extra=_LIST_BY_UUID)
+
+    def for_gpu(self, uuid: str) -> GpuLayout | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+class Health(StrEnum):
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"  # a fatal XID or similar: taint, do not schedule
+    LOST = "Lost"  # GPU_IS_LOST: every device of the GPU is tainted
+
+
+class MigInstanceStatus(KubeModel):
+    """A MIG instance that exists on the GPU."""
+
+    profile: str
+    start: int = Field(ge=0, lt=MEMORY_SLICES)
+    size: int = Field(ge=1, le=MEMORY_SLICES)
+    uuid: str = Field(description="MIG-<uuid>, what CUDA_VISIBLE_DEVICES takes")
+    gpu_instance_id: int = Field(ge=0)
+    compute_instance_id: int = Field(default=0, ge=0)
+    memory_mib: int = Field(ge=0)
+    multiprocessors: int = Field(default=0, ge=0)
+    in_use: bool = False
+    dynamic: bool = Field(default=False, description="made at prepare time for a DynamicMIG claim")
+
+
+class GpuStatus(KubeModel):
+    """One GPU as the agent sees it: inventory, the layout that exists, health."""
+
+    uuid: str
+    index: int = Field(ge=0)
+    product_name: str
+    model: str | None = Field(default=None, description="catalog key, e.g. H100-80GB; none if unknown")
+    memory_mib: int = Field(ge=0)
+    multiprocessors: int = Field(default=0, ge=0)
+    cuda_compute_capability: str = ""
+    architecture: str = ""
+    driver_version: str = ""
+    cuda_version: str = ""
+    pci_bus_id: str | None = None
+    numa_node: int | None = None
+    mig_capable: bool = False
+    mig_mode_current: bool = False
+    mig_mode_pending: bool = False
+    strategy: Strategy = Strategy.EXCLUSIVE
+    policy: str | None = None
+    mig_instances: list[MigInstanceStatus] = Field(default_factory=list, max_length=7)
+    mig_sharing: ShareStrategy | None = None
+    time_slicing: TimeSlicingSpec | None = None
+    mps: MpsSpec | None = None
+    in_use: bool = False
+    health: Health = Health.HEALTHY
+    health_message: str = ""
+    applied: bool = Field(default=True, description="the layout matches NodeLayout.spec")
+    message: str = Field(default="", description="why the layout is not applied yet")
+
+
+class NodeLayoutStatus(KubeModel):
+    observed_generation: int | None = None
+    backend: str = ""
+    agent_version: str = ""
+    gpus: list[GpuStatus] = Field(default_factory=list, max_length=64, json_schema_extra=_LIST_BY_UUID)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+
+    def gpu(self, uuid: str) -> GpuStatus | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+class NodeLayout(KubeModel):
+    api_version: Literal["tessera.dev/v1alpha1"] = "tessera.dev/v1alpha1"
+    kind: Literal["NodeLayout"] = "NodeLayout"
+    metadata: ObjectMeta
+    spec: NodeLayoutSpec = Field(default_factory=NodeLayoutSpec)
+    status: NodeLayoutStatus | None = None

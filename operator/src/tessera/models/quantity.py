@@ -1,0 +1,92 @@
+"""Kubernetes resource quantities ("40Gi", "10G", "500m") and Go durations ("1h30m").
+
+Parsing only the forms Tessera accepts from users; the canonical string a quantity is
+published with comes from ``format_bytes``. Not a general arbitrary-precision quantity type.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
+_SUFFIXES: dict[str, int] = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$"
+_DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s)")
+_DURATION_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+
+def parse_quantity(text: str) -> int:
+    """Bytes (or units) in a quantity such as ``"40Gi"``; fractions round up to a whole unit."""
+    match = _QUANTITY_RE.match(text.strip())
+    if match is None:
+        raise ValueError(
+            f"{text!r} is not a quantity: write a number with an optional suffix, such as 4Gi, 512Mi or 10G"
+        )
+    suffix = match.group(2) or ""
+    number = Decimal(text.strip()[: len(text.strip()) - len(suffix)])
+    value = number * _SUFFIXES[suffix]
+    whole = int(value)
+    return whole if whole == value else whole + 1
+
+
+def format_bytes(value: int) -> str:
+    """The shortest exact binary-suffixed form: 42949672960 → ``"40Gi"``."""
+    if value == 0:
+        return "0"
+    for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):
+        unit = _SUFFIXES[suffix]
+        if value % unit == 0:
+            return f"{value // unit}{suffix}"
+    return str(value)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go-style duration such as ``"1h30m"`` or ``"90s"``."""
+    stripped = text.strip()
+    if not re.fullmatch(DURATION_PATTERN, stripped):
+        raise ValueError(f"{text!r} is not a duration: write it like 90s, 15m or 1h30m")
+    return sum(float(n) * _DURATION_SECONDS[u] for n, u in _DURATION_PART_RE.findall(stripped))
+
+
+def _check_quantity(text: str) -> str:
+    parse_quantity(text)
+    return text
+
+
+def _check_duration(text: str) -> str:
+    parse_duration(text)
+    return text
+
+
+Quantity = Annotated[
+    str,
+    Field(pattern=QUANTITY_PATTERN, examples=["4Gi"]),
+    AfterValidator(_check_quantity),
+]
+Duration = Annotated[
+    str,
+    Field(pattern=DURATION_PATTERN, examples=["1h"]),
+    AfterValidator(_check_duration),
+]
+
+MIB = 2**20

@@ -1,0 +1,206 @@
+"""The local control plane does what Tessera relies on, end to end, with hand-written slices:
+a DeviceClass with a CEL selector, a shared device with consumable capacity, devices that
+consume a shared counter set published in its own slice, and Pods whose ResourceClaims the
+controller manager makes from templates and kube-scheduler allocates and binds."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+
+pytestmark = pytest.mark.integration
+
+DRIVER = "cp-test.tessera.dev"
+
+
+def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
+    return out
+
+
+def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
+    items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(items))
+
+
+def _claim_template(
+    name: str, namespace: str, device_class: str, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": device_class, **(extra or {})}}
+        ]}}},
+    }
+
+
+def _pod(name: str, namespace: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "main", "image": "registry.invalid/none:0",
+                            "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }
+
+
+def _allocation(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The allocation of the Pod's generated claim, once the scheduler has made it."""
+    status = _get(cluster, "pod", pod, "-n", namespace).get("status", {})
+    names = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses", [])]
+    if not names or not names[0]:
+        return None
+    claim = _get(cluster, "resourceclaim", names[0], "-n", namespace)
+    allocation: dict[str, Any] | None = claim.get("status", {}).get("allocation")
+    return allocation
+
+
+async def test_scheduler_allocates_consumable_capacity_and_counters(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    node = "cp-node-1"
+    cluster.add_node(node, labels={"tessera.dev/test": "control-plane"})
+    _apply(
+        cluster,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "cp-shared"},
+            "spec": {"selectors": [{"cel": {"expression":
+                f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "share"'}}]},
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "cp-partition"},
+            "spec": {"selectors": [{"cel": {"expression":
+                f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "partition"'}}]},
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "cp-huge"},
+            "spec": {"selectors": [{"cel": {"expression":
+                f'device.driver == "{DRIVER}" && '
+                f'device.capacity["{DRIVER}"].memory.compareTo(quantity("100Gi")) > 0'}}]},
+        },
+        # (a) one device many claims may share: 4Gi of memory, requested in 1Gi steps.
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-devices"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 2},
+                "devices": [
+                    {
+                        "name": "shared-0",
+                        "allowMultipleAllocations": True,
+                        "attributes": {"type": {"string": "share"}},
+                        "capacity": {"memory": {
+                            "value": "4Gi",
+                            "requestPolicy": {"default": "1Gi",
+                                              "validRange": {"min": "1Gi", "max": "4Gi", "step": "1Gi"}},
+                        }},
+                    },
+                    # (b) three partitions that each consume half of one counter set.
+                    *(
+                        {
+                            "name": f"part-{i}",
+                            "attributes": {"type": {"string": "partition"}},
+                            "capacity": {"memory": {"value": "40Gi"}},
+                            "consumesCounters": [{"counterSet": "gpu-0",
+                                                  "counters": {"memory-slices": {"value": "4"}}}],
+                        }
+                        for i in range(3)
+                    ),
+                ],
+            },
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-counters"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 2},
+                "sharedCounters": [{"name": "gpu-0", "counters": {"memory-slices": {"value": "8"}}}],
+            },
+        },
+    )
+
+    # Shares: 1500Mi is rounded up to the next 1Gi step; three claims (2Gi + 1Gi + 1Gi) fit 4Gi,
+    # a fourth does not.
+    _apply(
+        cluster,
+        _claim_template("share-1500mi", namespace, "cp-shared", {"capacity": {"requests": {"memory": "1500Mi"}}}),
+        _claim_template("share-default", namespace, "cp-shared"),
+        _claim_template("partition", namespace, "cp-partition"),
+        _claim_template("huge", namespace, "cp-huge"),
+        _pod("share-a", namespace, "share-1500mi"),
+        _pod("share-b", namespace, "share-default"),
+        _pod("share-c", namespace, "share-default"),
+    )
+    allocations = {}
+    for pod in ("share-a", "share-b", "share-c"):
+        allocations[pod] = await wait_for(lambda p=pod: _allocation(cluster, namespace, p), timeout=60,
+                                          message=f"{pod}'s claim to be allocated")
+    consumed = {
+        pod: alloc["devices"]["results"][0]["consumedCapacity"]["memory"] for pod, alloc in allocations.items()
+    }
+    assert consumed == {"share-a": "2Gi", "share-b": "1Gi", "share-c": "1Gi"}
+    assert {a["devices"]["results"][0]["device"] for a in allocations.values()} == {"shared-0"}
+    share_ids = {a["devices"]["results"][0]["shareID"] for a in allocations.values()}
+    assert len(share_ids) == 3, "each allocation of a shared device gets its own share ID"
+    for pod in ("share-a", "share-b", "share-c"):
+        bound = _get(cluster, "pod", pod, "-n", namespace)
+        assert bound["spec"]["nodeName"] == node
+
+    _apply(cluster, _pod("share-d", namespace, "share-default"))
+    await _wait_unschedulable(cluster, namespace, "share-d")
+    assert _allocation(cluster, namespace, "share-d") is None
+
+    # Counters: 8 memory slices, partitions of 4: two fit, the third is refused.
+    for i in range(3):
+        _apply(cluster, _pod(f"part-{i}", namespace, "partition"))
+    await _wait_unschedulable(cluster, namespace, "part-0", "part-1", "part-2", count=1)
+    allocated = [p for p in ("part-0", "part-1", "part-2") if _allocation(cluster, namespace, p)]
+    assert len(allocated) == 2
+    devices = set()
+    for pod in allocated:
+        allocation = _allocation(cluster, namespace, pod)
+        assert allocation is not None
+        devices.add(allocation["devices"]["results"][0]["device"])
+    assert len(devices) == 2
+    assert devices <= {"part-0", "part-1", "part-2"}
+
+    # The CEL selector really selects: no device has more than 100Gi.
+    _apply(cluster, _pod("huge", namespace, "huge"))
+    await _wait_unschedulable(cluster, namespace, "huge")
+
+
+async def _wait_unschedulable(cluster: LocalCluster, namespace: str, *pods: str, count: int | None = None) -> None:
+    """Wait until ``count`` (default: all) of ``pods`` carry PodScheduled=False/Unschedulable."""
+    want = len(pods) if count is None else count
+
+    def unschedulable() -> bool:
+        n = 0
+        for pod in pods:
+            conditions = _get(cluster, "pod", pod, "-n", namespace).get("status", {}).get("conditions", [])
+            n += any(c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+                     for c in conditions)
+        return n == want
+
+    await wait_for(unschedulable, timeout=60, message=f"{want} of {pods} to be unschedulable")
