@@ -14,6 +14,9 @@ from collections.abc import Sequence
 # name -> (module, one-line help). Each module has `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "cluster": ("tessera.cli.cluster", "build and start the local Kubernetes control plane"),
+    "plan": ("tessera.cli.plan", "preview the GPU layouts SharingPolicies would give an inventory of nodes"),
+    "operator": ("tessera.cli.operator", "run the operator: SharingPolicies into NodeLayouts and ResourceSlices"),
+    "agent": ("tessera.cli.agent", "run the node agent: GPUs into the layout of this node's NodeLayout"),
     "demo": ("tessera.cli.cluster", "run Tessera on a local control plane with simulated GPU nodes"),
 }
 

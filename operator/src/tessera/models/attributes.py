@@ -10,6 +10,7 @@ Not for: building whole slices (``tessera.dra``).
 from __future__ import annotations
 
 import re
+from functools import cache
 
 from tessera.models.layout import GpuStatus
 from tessera.models.quantity import MIB
@@ -18,6 +19,7 @@ Attribute = dict[str, str | int | bool]
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
 
+@cache  # pure, and a fleet has few distinct driver and CUDA versions
 def semver(text: str) -> str | None:
     """A semantic version from a driver or compute-capability string: ``"580.65.06"`` →
     ``"580.65.6"``, ``"9.0"`` → ``"9.0.0"``; None when there are no numbers to read."""
@@ -28,6 +30,7 @@ def semver(text: str) -> str | None:
     return ".".join(str(n) for n in numbers)
 
 
+@cache  # pure: the planner asks for every GPU on every plan
 def pcie_root(pci_bus_id: str | None) -> str | None:
     """The PCIe root complex of a bus id such as ``00000000:3B:00.0`` → ``pci0000:00``.
 

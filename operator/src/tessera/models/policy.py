@@ -70,7 +70,8 @@ class LabelSelectorRequirement(KubeModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "self.operator in ['In', 'NotIn'] ? size(self.values) > 0 : size(self.values) == 0",
+                    "rule": "self.operator in ['In', 'NotIn'] ? (has(self.values) && size(self.values) > 0) "
+                    ": (!has(self.values) || size(self.values) == 0)",
                     "message": "operators In and NotIn need values; Exists and DoesNotExist take none",
                 }
             ]
@@ -83,10 +84,10 @@ class LabelSelectorRequirement(KubeModel):
 
     @model_validator(mode="after")
     def _values_fit_operator(self) -> Self:
-        if self.operator in _NO_VALUES and self.values:
-            raise ValueError(f"operator {self.operator.value} takes no values (key {self.key!r})")
-        if self.operator not in _NO_VALUES and not self.values:
-            raise ValueError(f"operator {self.operator.value} needs at least one value (key {self.key!r})")
+        if (self.operator in _NO_VALUES) == bool(self.values):
+            raise ValueError(
+                f"operators In and NotIn need values; Exists and DoesNotExist take none (key {self.key!r})"
+            )
         return self
 
 
@@ -150,12 +151,10 @@ class MigSpec(KubeModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
+                    # A static message: a messageExpression naming the unknown keys costs more
+                    # than the apiserver's CEL budget allows (map keys have no length bound).
                     "rule": f"self.all(k, k in [{_KNOWN}])",
-                    "messageExpression": (
-                        "'unknown MIG profile ' + self.filter(k, !(k in ["
-                        + _KNOWN
-                        + "])).join(', ') + '; profiles look like 1g.10gb, 3g.40gb or 7g.80gb'"
-                    ),
+                    "message": f"unknown MIG profile; known profiles: {', '.join(KNOWN_PROFILE_NAMES)}",
                 },
                 {
                     "rule": "self.all(k, self[k] >= 1 && self[k] <= 7)",
@@ -175,7 +174,7 @@ class MigSpec(KubeModel):
             unknown = sorted(k for k in self.profiles if k not in KNOWN_PROFILE_NAMES)
             if unknown:
                 raise ValueError(
-                    f"unknown MIG profile {', '.join(unknown)}; profiles look like 1g.10gb, 3g.40gb or 7g.80gb"
+                    f"unknown MIG profile {', '.join(unknown)}; known profiles: {', '.join(KNOWN_PROFILE_NAMES)}"
                 )
             bad = sorted(k for k, n in self.profiles.items() if not 1 <= n <= 7)
             if bad:
@@ -188,6 +187,11 @@ class TimeSlicingSpec(KubeModel):
     interval: TimeSliceInterval = TimeSliceInterval.DEFAULT
 
 
+# The schema's pattern already refuses a malformed quantity with a clear message; without this
+# guard each rule below would add a second, cryptic one ("quantities must match ...").
+_IF_QUANTITIES = "!(isQuantity(self.default) && isQuantity(self.min) && isQuantity(self.step)) || "
+
+
 class MpsMemory(KubeModel):
     """Pinned device memory per MPS client; becomes the capacity requestPolicy validRange."""
 
@@ -195,15 +199,15 @@ class MpsMemory(KubeModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "quantity(self.step).isGreaterThan(quantity('0'))",
+                    "rule": _IF_QUANTITIES + "quantity(self.step).isGreaterThan(quantity('0'))",
                     "message": "mps.memory.step must be greater than zero",
                 },
                 {
-                    "rule": "quantity(self.min).compareTo(quantity(self.default)) <= 0",
+                    "rule": _IF_QUANTITIES + "quantity(self.min).compareTo(quantity(self.default)) <= 0",
                     "message": "mps.memory.default must be at least mps.memory.min",
                 },
                 {
-                    "rule": "!quantity(self.step).isGreaterThan(quantity('0')) || "
+                    "rule": _IF_QUANTITIES + "!quantity(self.step).isGreaterThan(quantity('0')) || "
                     "(quantity(self.default).asInteger() - quantity(self.min).asInteger()) "
                     "% quantity(self.step).asInteger() == 0",
                     "message": "mps.memory.default must be mps.memory.min plus a whole number of steps",

@@ -80,12 +80,12 @@ def _check_duration(text: str) -> str:
 
 Quantity = Annotated[
     str,
-    Field(pattern=QUANTITY_PATTERN, examples=["4Gi"]),
+    Field(pattern=QUANTITY_PATTERN, max_length=64, examples=["4Gi"]),
     AfterValidator(_check_quantity),
 ]
 Duration = Annotated[
     str,
-    Field(pattern=DURATION_PATTERN, examples=["1h"]),
+    Field(pattern=DURATION_PATTERN, max_length=64, examples=["1h"]),
     AfterValidator(_check_duration),
 ]
 

@@ -1,0 +1,214 @@
+"""The whole fleet at once: which SharingPolicy each GPU gets, and the layout it gets.
+
+:func:`plan_fleet` is the planner's entry point for the operator and ``tessera plan``:
+policies and nodes (name, labels, GPUs as their agents report them) in, a :class:`FleetPlan`
+out. A policy selects a GPU when its ``nodeSelector`` matches the node's labels and its
+``gpuSelector`` (CEL) accepts the GPU; where several select one GPU the highest priority
+wins, then the name that sorts first, and every loser is recorded as a conflict. A GPU no
+policy selects is planned ``Exclusive`` with no policy. Pure and deterministic: the same
+input gives the same output, sorted by node and GPU index.
+Not for: reading or writing Kubernetes objects (the operator does that with the result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec
+from tessera.models.policy import PolicyConflict, SharingPolicy, SharingPolicySpec
+from tessera.planner.gpu import PlanError, PlanErrorReason, gpu_model, plan_gpu_layout
+from tessera.planner.selector import (
+    CompiledGpuSelector,
+    FlatDevice,
+    GpuSelectorError,
+    compile_gpu_selector,
+    flat_device,
+)
+
+
+@dataclass(frozen=True)
+class NodeInventory:
+    """A node as the planner needs it: its name, its labels, and its GPUs (from NodeLayout.status)."""
+
+    name: str
+    labels: Mapping[str, str]
+    gpus: Sequence[GpuStatus]
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """The verdict for one GPU: the winning policy (None: no policy selects it), and either
+    the layout to write to NodeLayout.spec or the error that stops it."""
+
+    node: str
+    gpu: GpuStatus
+    policy: str | None
+    layout: GpuLayout | None
+    error: PlanError | None = None
+    candidates: tuple[str, ...] = ()  # every policy that selects the GPU, winner first
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A GPU that several policies select: ``winner`` applies, ``losers`` do not."""
+
+    node: str
+    gpu: str  # the GPU's UUID
+    winner: str
+    losers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """What :func:`plan_fleet` decided, sorted by node name and GPU index."""
+
+    gpus: tuple[GpuPlan, ...]
+    conflicts: tuple[Conflict, ...]
+    policy_errors: Mapping[str, str] = field(default_factory=dict)  # policy name -> why it selects nothing
+
+    def for_node(self, node: str) -> tuple[GpuPlan, ...]:
+        return tuple(p for p in self.gpus if p.node == node)
+
+    def node_layout_spec(self, node: str) -> NodeLayoutSpec:
+        """NodeLayout.spec for ``node``: the layouts of its GPUs that could be planned (a GPU
+        with an error is left out; the operator keeps what it had for it)."""
+        return NodeLayoutSpec(gpus=[p.layout for p in self.for_node(node) if p.layout is not None])
+
+    def of_policy(self, policy: str) -> tuple[GpuPlan, ...]:
+        """The GPUs ``policy`` won."""
+        return tuple(p for p in self.gpus if p.policy == policy)
+
+    def conflicts_of(self, policy: str) -> tuple[PolicyConflict, ...]:
+        """The GPUs ``policy`` selects but loses, as its status reports them."""
+        return tuple(
+            PolicyConflict(node=c.node, gpu=c.gpu, winner=c.winner) for c in self.conflicts if policy in c.losers
+        )
+
+
+def _precedence(policy: SharingPolicy) -> tuple[int, str]:
+    return (-policy.spec.priority, policy.name)
+
+
+_EXCLUSIVE = SharingPolicySpec()  # what a GPU no policy selects gets
+
+
+@dataclass
+class _Compiled:
+    policy: SharingPolicy
+    selector: CompiledGpuSelector | None
+
+
+def plan_fleet(policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory]) -> FleetPlan:
+    """Match ``policies`` to the GPUs of ``nodes`` and plan every GPU.
+
+    Policies whose ``gpuSelector`` does not compile select nothing and appear in
+    ``policy_errors``; one that fails on a GPU does not select it, and the GPU's plan carries
+    the error only when no other policy selects it. Never raises for bad input."""
+    policy_errors: dict[str, str] = {}
+    compiled: list[_Compiled] = []
+    for policy in sorted(policies, key=_precedence):
+        selector = None
+        if policy.spec.gpu_selector is not None:
+            try:
+                selector = compile_gpu_selector(policy.spec.gpu_selector.cel)
+            except GpuSelectorError as exc:
+                policy_errors[policy.name] = str(exc)
+                continue
+        compiled.append(_Compiled(policy, selector))
+    memo: dict[tuple[object, ...], GpuLayout | PlanError] = {}
+    plans: list[GpuPlan] = []
+    conflicts: list[Conflict] = []
+    by_labels: dict[tuple[tuple[str, str], ...], list[_Compiled]] = {}
+    for node in sorted(nodes, key=lambda n: n.name):
+        labels = tuple(sorted(node.labels.items()))
+        on_node = by_labels.get(labels)
+        if on_node is None:  # nodes of one pool share their labels: match each label set once
+            on_node = [c for c in compiled if c.policy.spec.node_selector.matches(dict(labels))]
+            by_labels[labels] = on_node
+        for gpu in sorted(node.gpus, key=lambda g: (g.index, g.uuid)):
+            selecting, selector_error = _selecting(on_node, gpu)
+            if not selecting:
+                if selector_error:
+                    plans.append(
+                        GpuPlan(node.name, gpu, None, None, PlanError(PlanErrorReason.SELECTOR, selector_error))
+                    )
+                    continue
+                result = _plan(memo, None, _EXCLUSIVE, gpu)
+                if isinstance(result, PlanError):
+                    plans.append(GpuPlan(node.name, gpu, None, None, result))
+                else:
+                    plans.append(GpuPlan(node.name, gpu, None, result))
+                continue
+            winner = selecting[0]
+            if len(selecting) > 1:
+                conflicts.append(Conflict(node.name, gpu.uuid, winner.name, tuple(p.name for p in selecting[1:])))
+            result = _plan(memo, winner.name, winner.spec, gpu)
+            names = tuple(p.name for p in selecting)
+            if isinstance(result, PlanError):
+                plans.append(GpuPlan(node.name, gpu, winner.name, None, result, names))
+            else:
+                plans.append(GpuPlan(node.name, gpu, winner.name, result, None, names))
+    return FleetPlan(tuple(plans), tuple(conflicts), policy_errors)
+
+
+def _selecting(on_node: list[_Compiled], gpu: GpuStatus) -> tuple[list[SharingPolicy], str | None]:
+    """Policies (in precedence order) that select ``gpu``, and the first selector error seen."""
+    flat: FlatDevice | None = None
+    selecting: list[SharingPolicy] = []
+    first_error: str | None = None
+    for c in on_node:
+        if c.selector is None:
+            selecting.append(c.policy)
+            continue
+        if flat is None:
+            flat = flat_device(gpu)
+        try:
+            if c.selector.matches(gpu, flat):
+                selecting.append(c.policy)
+        except GpuSelectorError as exc:
+            first_error = first_error or f"policy {c.policy.name}: {exc}"
+    return selecting, first_error
+
+
+def _plan(
+    memo: dict[tuple[object, ...], GpuLayout | PlanError], name: str | None, spec: SharingPolicySpec, gpu: GpuStatus
+) -> GpuLayout | PlanError:
+    """plan_gpu_layout, memoised on everything about the GPU the plan depends on."""
+    model = gpu_model(gpu)
+    key = (
+        name,
+        id(spec),
+        model.key if model is not None else None,
+        gpu.product_name,
+        gpu.mig_capable,
+        gpu.mig_mode_current,
+        gpu.in_use,
+        tuple((i.profile, i.start, i.in_use, i.dynamic) for i in gpu.mig_instances),
+    )
+    cached = memo.get(key)
+    if cached is None:
+        try:
+            cached = plan_gpu_layout(spec, gpu, policy=name)
+        except PlanError as exc:
+            cached = exc
+        memo[key] = cached
+    if isinstance(cached, PlanError):
+        return _for_gpu(cached, gpu)
+    return cached.model_copy(update={"uuid": gpu.uuid})
+
+
+def _for_gpu(error: PlanError, gpu: GpuStatus) -> PlanError:
+    """A memoised error re-addressed to ``gpu``: its blocking instances and idle layout."""
+    by_start = {i.start: i for i in gpu.mig_instances}
+    when_idle = error.when_idle.model_copy(update={"uuid": gpu.uuid}) if error.when_idle is not None else None
+    return PlanError(
+        error.reason,
+        error.message,
+        blocking=[by_start.get(b.start, b) for b in error.blocking],
+        when_idle=when_idle,
+    )

@@ -1,0 +1,368 @@
+"""A SharingPolicy's ``gpuSelector``: CEL evaluated over a GPU exactly as a DeviceClass
+selector sees the device Tessera publishes for it.
+
+The expression sees ``device.driver``, ``device.attributes[domain].name`` and
+``device.capacity[domain].name`` built from ``tessera.models.attributes`` (one source for the
+publisher and the planner). Attributes of the ``version`` kind are semantic versions and
+capacities are quantities, with the methods of Kubernetes' CEL libraries:
+``quantity("40Gi")``, ``isQuantity``, ``compareTo``, ``isGreaterThan``, ``isLessThan``,
+``add``, ``sub``, ``sign``, ``isInteger``, ``asInteger``, ``asApproximateFloat``; and
+``semver("580.0.0")``, ``isSemver``, ``major``, ``minor``, ``patch`` plus the comparisons.
+
+Evaluation is memoised per expression on the attributes the expression can read, so a fleet
+of identical GPUs costs one evaluation per distinct GPU kind, not one per GPU.
+Not for: admission checks of the expression (the apiserver has no CEL for our selector; bad
+expressions surface here as a :class:`GpuSelectorError`, which the operator reports).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import re
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import cel
+
+from tessera import DRIVER_NAME
+from tessera.models.attributes import PCIE_ROOT_ATTRIBUTE, whole_gpu_attributes
+from tessera.models.layout import GpuStatus
+from tessera.models.quantity import MIB
+
+_QUANTITY_TAG = "__quantity__"
+_SEMVER_TAG = "__semver__"
+
+# qualified name -> the attribute or capacity in its hashable wire form, e.g. ("string", "x").
+FlatDevice = dict[str, tuple[str, Hashable]]
+_CAPACITY = "capacity/"
+_MEMORY = f"{_CAPACITY}{DRIVER_NAME}/memory"
+
+# Macros that can walk a map's keys: with them, any attribute may be read, so no pruning.
+_WALKING_MACROS = re.compile(r"\b(all|exists|exists_one|map|filter|size)\s*\(")
+
+
+_MEMO_LIMIT = 65_536
+
+
+class GpuSelectorError(ValueError):
+    """The expression does not parse, fails on a GPU, or does not give true or false."""
+
+
+# ---------------------------------------------------------------- quantities and versions
+
+_QUANTITY_RE = re.compile(
+    r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
+)
+_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1)}
+_DECIMAL.update({s: Fraction(10 ** (3 * i)) for i, s in enumerate("kMGTPE", start=1)})
+_BINARY = {s: Fraction(2 ** (10 * i)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)}
+_SEMVER_RE = re.compile(
+    r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$"
+)
+
+_misuse: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("tessera_cel_misuse", default=None)
+
+
+def _fail(message: str) -> None:
+    """Record why a library function refused its arguments; it then returns null.
+
+    Raising inside a CEL callback makes the CEL runtime print to stderr; returning null and
+    reporting the recorded message keeps the error clear and the output clean."""
+    errors = _misuse.get()
+    if errors is not None:
+        errors.append(message)
+
+
+def parse_cel_quantity(text: str) -> Fraction | None:
+    """The exact value of a Kubernetes quantity string, or None when it is not one."""
+    match = _QUANTITY_RE.match(text)
+    if match is None:
+        return None
+    sign, number, exponent, suffix = match.groups()
+    value = Fraction(number if not number.endswith(".") else number[:-1])
+    if exponent:
+        value *= Fraction(10) ** int(exponent[1:])
+    elif suffix in _BINARY:
+        value *= _BINARY[suffix]
+    else:
+        value *= _DECIMAL[suffix or ""]
+    return -value if sign == "-" else value
+
+
+def quantity_value(value: Fraction) -> dict[str, str]:
+    """A quantity as the CEL runtime carries it: a tagged map, equal when the values are."""
+    return {_QUANTITY_TAG: str(value)}
+
+
+def _as_quantity(value: Any) -> Fraction | None:
+    if isinstance(value, dict) and _QUANTITY_TAG in value:
+        return Fraction(value[_QUANTITY_TAG])
+    return None
+
+
+def _semver_value(text: str) -> dict[str, str]:
+    return {_SEMVER_TAG: text}
+
+
+def _as_semver(value: Any) -> tuple[int, int, int, bool, str] | None:
+    if not (isinstance(value, dict) and _SEMVER_TAG in value):
+        return None
+    match = _SEMVER_RE.match(value[_SEMVER_TAG])
+    if match is None:
+        return None
+    major, minor, patch, pre = match.groups()
+    return (int(major), int(minor), int(patch), pre is None, pre or "")
+
+
+def _quantity(text: Any) -> dict[str, str] | None:
+    parsed = parse_cel_quantity(text) if isinstance(text, str) else None
+    if parsed is None:
+        _fail(f"quantity({text!r}): not a quantity; write it like 40Gi, 512Mi or 10G")
+        return None
+    return quantity_value(parsed)
+
+
+def _is_quantity(text: Any) -> bool:
+    return isinstance(text, str) and parse_cel_quantity(text) is not None
+
+
+def _semver(text: Any) -> dict[str, str] | None:
+    if not isinstance(text, str) or _SEMVER_RE.match(text) is None:
+        _fail(f"semver({text!r}): not a semantic version; write it like 1.2.3")
+        return None
+    return _semver_value(text)
+
+
+def _is_semver(text: Any) -> bool:
+    return isinstance(text, str) and _SEMVER_RE.match(text) is not None
+
+
+def _compare(name: str, left: Any, right: Any) -> int | None:
+    lq, rq = _as_quantity(left), _as_quantity(right)
+    if lq is not None and rq is not None:
+        return (lq > rq) - (lq < rq)
+    ls, rs = _as_semver(left), _as_semver(right)
+    if ls is not None and rs is not None:
+        return (ls > rs) - (ls < rs)
+    _fail(
+        f"{name}() compares two quantities or two semantic versions, e.g. "
+        f'x.{name}(quantity("40Gi")) or x.{name}(semver("1.2.3"))'
+    )
+    return None
+
+
+def _compare_to(left: Any, right: Any) -> int | None:
+    return _compare("compareTo", left, right)
+
+
+def _is_greater_than(left: Any, right: Any) -> bool | None:
+    result = _compare("isGreaterThan", left, right)
+    return None if result is None else result > 0
+
+
+def _is_less_than(left: Any, right: Any) -> bool | None:
+    result = _compare("isLessThan", left, right)
+    return None if result is None else result < 0
+
+
+def _quantity_operand(name: str, value: Any) -> Fraction | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Fraction(value)
+    parsed = _as_quantity(value)
+    if parsed is None:
+        _fail(f"{name}() takes a quantity or an integer")
+    return parsed
+
+
+def _add(left: Any, right: Any) -> dict[str, str] | None:
+    lq, rq = _quantity_operand("add", left), _quantity_operand("add", right)
+    return None if lq is None or rq is None else quantity_value(lq + rq)
+
+
+def _sub(left: Any, right: Any) -> dict[str, str] | None:
+    lq, rq = _quantity_operand("sub", left), _quantity_operand("sub", right)
+    return None if lq is None or rq is None else quantity_value(lq - rq)
+
+
+def _quantity_method(name: str, convert: Callable[[Fraction], Any]) -> Callable[[Any], Any]:
+    def method(value: Any) -> Any:
+        parsed = _as_quantity(value)
+        if parsed is None:
+            _fail(f"{name}() is a method of quantities")
+            return None
+        return convert(parsed)
+
+    method.__name__ = name
+    return method
+
+
+def _as_integer(value: Fraction) -> int | None:
+    if value.denominator != 1 or not -(2**63) <= value.numerator < 2**63:
+        _fail(f"asInteger(): {float(value)} is not an integer that fits in 64 bits")
+        return None
+    return value.numerator
+
+
+def _semver_part(name: str, index: int) -> Callable[[Any], int | None]:
+    def method(value: Any) -> int | None:
+        parsed = _as_semver(value)
+        if parsed is None:
+            _fail(f"{name}() is a method of semantic versions")
+            return None
+        major, minor, patch = parsed[:3]
+        return (major, minor, patch)[index]
+
+    method.__name__ = name
+    return method
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "quantity": _quantity,
+    "isQuantity": _is_quantity,
+    "semver": _semver,
+    "isSemver": _is_semver,
+    "compareTo": _compare_to,
+    "isGreaterThan": _is_greater_than,
+    "isLessThan": _is_less_than,
+    "add": _add,
+    "sub": _sub,
+    "sign": _quantity_method("sign", lambda q: (q > 0) - (q < 0)),
+    "isInteger": _quantity_method("isInteger", lambda q: q.denominator == 1 and -(2**63) <= q < 2**63),
+    "asInteger": _quantity_method("asInteger", _as_integer),
+    "asApproximateFloat": _quantity_method("asApproximateFloat", float),
+    "major": _semver_part("major", 0),
+    "minor": _semver_part("minor", 1),
+    "patch": _semver_part("patch", 2),
+}
+
+
+# ---------------------------------------------------------------- the device a selector sees
+
+
+def flat_device(gpu: GpuStatus) -> FlatDevice:
+    """The published whole-GPU device of ``gpu`` as ``qualified name -> (wire type, value)``;
+    attributes keep their names (``productName``, ``resource.kubernetes.io/pcieRoot``),
+    capacities are under ``capacity/<domain>/<name>``."""
+    flat: FlatDevice = {name: next(iter(value.items())) for name, value in whole_gpu_attributes(gpu).items()}
+    flat[_MEMORY] = ("quantity", gpu.memory_mib * MIB)
+    return flat
+
+
+def _cel_device(flat: FlatDevice) -> dict[str, Any]:
+    device: dict[str, Any] = {
+        "driver": DRIVER_NAME,
+        "allowMultipleAllocations": False,
+        # As in Kubernetes, a standard domain with nothing in it is an empty map, so
+        # has(device.attributes["resource.kubernetes.io"].pcieRoot) is false, not an error.
+        "attributes": {DRIVER_NAME: {}, PCIE_ROOT_ATTRIBUTE.partition("/")[0]: {}},
+        "capacity": {DRIVER_NAME: {}},
+    }
+    for qualified, (wire_type, wire_value) in flat.items():
+        kind = "attributes"
+        if qualified.startswith(_CAPACITY):
+            kind, qualified = "capacity", qualified.removeprefix(_CAPACITY)
+        domain, _, name = qualified.rpartition("/")
+        if wire_type == "version":
+            value: Any = _semver_value(str(wire_value))
+        elif wire_type == "quantity":
+            value = quantity_value(Fraction(str(wire_value)))
+        else:
+            value = wire_value
+        device[kind].setdefault(domain or DRIVER_NAME, {})[name] = value
+    return device
+
+
+@dataclass
+class CompiledGpuSelector:
+    """A compiled ``gpuSelector``; :meth:`matches` says whether a GPU is selected."""
+
+    source: str
+    _program: cel.Program = field(repr=False)
+    _names: frozenset[str] | None = field(repr=False)
+    _memo: dict[tuple[Hashable, ...], bool | str] = field(default_factory=dict, repr=False)
+    _relevant: dict[str, bool] = field(default_factory=dict, repr=False)
+
+    def _key(self, flat: FlatDevice) -> tuple[Hashable, ...]:
+        """What the expression can read of ``flat``. Insertion order is the publisher's
+        fixed order, so equal devices give equal keys."""
+        if self._names is None:
+            return tuple(flat.items())
+        relevant = self._relevant
+        key = []
+        for item in flat.items():
+            wanted = relevant.get(item[0])
+            if wanted is None:
+                wanted = relevant[item[0]] = item[0].rpartition("/")[2] in self._names
+            if wanted:
+                key.append(item)
+        return tuple(key)
+
+    def matches(self, gpu: GpuStatus, flat: FlatDevice | None = None) -> bool:
+        """True when the expression selects ``gpu``; a :class:`GpuSelectorError` when it fails
+        on it (a missing attribute, a type error) or does not give a bool. ``flat`` is
+        :func:`flat_device` of ``gpu`` when the caller already has it."""
+        flat = flat if flat is not None else flat_device(gpu)
+        key = self._key(flat)
+        verdict = self._memo.get(key)
+        if verdict is None:
+            verdict = self._evaluate(flat)
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = verdict
+        if isinstance(verdict, str):
+            raise GpuSelectorError(verdict)
+        return verdict
+
+    def _evaluate(self, flat: FlatDevice) -> bool | str:
+        errors: list[str] = []
+        token = _misuse.set(errors)
+        try:
+            context = cel.Context(variables={"device": _cel_device(flat)}, functions=FUNCTIONS)
+            result = self._program.execute(context)
+        except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+            return _runtime_message(self.source, errors, exc)
+        finally:
+            _misuse.reset(token)
+        if errors:
+            return f"gpuSelector {self.source!r}: {errors[0]}"
+        if not isinstance(result, bool):
+            return f"gpuSelector {self.source!r} must give true or false, not {type(result).__name__} {result!r}"
+        return result
+
+
+def _runtime_message(source: str, errors: list[str], exc: Exception) -> str:
+    if errors:
+        return f"gpuSelector {source!r}: {errors[0]}"
+    if isinstance(exc, KeyError):
+        return (
+            f"gpuSelector {source!r}: the device has no {exc.args[0]!r}; published GPUs carry "
+            'device.attributes["gpu.tessera.dev"].<name> and device.capacity["gpu.tessera.dev"].memory '
+            "(test optional ones with has(...))"
+        )
+    text = str(exc).split(". Check", 1)[0].split(". CEL does not coerce", 1)[0]
+    return f"gpuSelector {source!r}: {text}"
+
+
+def _parse_detail(text: str) -> str:
+    """One line from the parser's report: ``at column 19: mismatched input ...``."""
+    found = re.findall(r"ERROR: <input>:(\d+):(\d+): (.*)", text)
+    if not found:
+        return text.strip().splitlines()[0] if text.strip() else "syntax error"
+    syntax = [f for f in found if f[2].startswith("Syntax error")] or found
+    line, column, message = syntax[-1]
+    message = message.removeprefix("Syntax error: ")
+    where = f"column {column}" if line == "1" else f"line {line}, column {column}"
+    return f"at {where}: {message}"
+
+
+def compile_gpu_selector(source: str) -> CompiledGpuSelector:
+    """Compile a ``gpuSelector.cel`` expression, or a :class:`GpuSelectorError` that says
+    where it does not parse."""
+    try:
+        program = cel.compile(source)
+    except (ValueError, RuntimeError) as exc:
+        raise GpuSelectorError(f"gpuSelector {source!r} does not parse: {_parse_detail(str(exc))}") from None
+    names = None if _WALKING_MACROS.search(source) else frozenset(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source))
+    return CompiledGpuSelector(source, program, names)

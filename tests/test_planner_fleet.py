@@ -1,0 +1,260 @@
+"""Matching policies to nodes and GPUs (label selectors, CEL gpuSelectors), conflicts, the
+inventory file format, and the fleet planner's determinism."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from tessera.models.layout import GpuStatus
+from tessera.models.policy import SharingPolicy, Strategy
+from tessera.planner import GpuSelectorError, NodeInventory, PlanErrorReason, compile_gpu_selector, plan_fleet
+from tessera.planner.inventory import InventoryError, catalog_gpu, gpu_uuid, parse_inventory
+
+H100 = catalog_gpu("n", 0, "H100-80GB", driver_version="580.65.06", pci_bus_id="00000000:3B:00.0")
+A100 = catalog_gpu("n", 1, "A100-40GB")
+L4 = GpuStatus(uuid="GPU-l4", index=2, product_name="NVIDIA L4", memory_mib=23034)
+
+
+def _policy(name: str, **spec: Any) -> SharingPolicy:
+    return SharingPolicy.model_validate({"metadata": {"name": name}, "spec": spec})
+
+
+def _cel(expr: str) -> dict[str, str]:
+    return {"cel": expr}
+
+
+@pytest.mark.parametrize(
+    ("expression", "h100", "a100"),
+    [
+        ('device.attributes["gpu.tessera.dev"].productName.startsWith("NVIDIA H100")', True, False),
+        ('device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("40Gi")) > 0', True, False),
+        ('device.capacity["gpu.tessera.dev"].memory.isGreaterThan(quantity("39Gi"))', True, True),
+        ('device.capacity["gpu.tessera.dev"].memory.isLessThan(quantity("50G"))', False, True),
+        ('device.capacity["gpu.tessera.dev"].memory == quantity("40960Mi")', False, True),
+        ('device.attributes["gpu.tessera.dev"].cudaComputeCapability.isGreaterThan(semver("8.0.0"))', True, False),
+        ('device.attributes["gpu.tessera.dev"].cudaComputeCapability.major() == 8', False, True),
+        ('device.attributes["gpu.tessera.dev"].architecture == "Hopper"', True, False),
+        (
+            'device.attributes["gpu.tessera.dev"].migCapable && device.attributes["gpu.tessera.dev"].index == 0',
+            True,
+            False,
+        ),
+        ('has(device.attributes["gpu.tessera.dev"].driverVersion)', True, False),
+        (
+            'has(device.attributes["resource.kubernetes.io"].pcieRoot) && '
+            'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:00"',
+            True,
+            False,
+        ),
+        ('device.driver == "gpu.tessera.dev" && device.attributes["gpu.tessera.dev"].type == "gpu"', True, True),
+        (
+            'device.capacity["gpu.tessera.dev"].memory.add(quantity("1Gi")).sub(1).asInteger() > 53687091200',
+            True,
+            False,
+        ),
+    ],
+)
+def test_gpu_selector_sees_the_published_attributes(expression: str, h100: bool, a100: bool) -> None:
+    selector = compile_gpu_selector(expression)
+    assert (selector.matches(H100), selector.matches(A100)) == (h100, a100)
+
+
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ('device.attributes["gpu.tessera.dev"', "does not parse: at column"),
+        ('device.attributes["gpu.tessera.dev"].colour == "green"', "the device has no 'colour'"),
+        ('device.capacity["gpu.tessera.dev"].memory > 4', "No such overload"),
+        ('device.capacity["gpu.tessera.dev"].memory.compareTo(40) > 0', "compares two quantities or two semantic"),
+        ('device.capacity["gpu.tessera.dev"].memory.isGreaterThan(quantity("forty"))', "not a quantity"),
+        ('device.attributes["gpu.tessera.dev"].productName', "must give true or false, not str"),
+        ("nvidia(1)", "Undefined variable or function: 'nvidia'"),
+    ],
+)
+def test_bad_gpu_selector_is_a_clear_error_not_a_crash(expression: str, message: str) -> None:
+    with pytest.raises(GpuSelectorError, match="gpuSelector") as caught:
+        compile_gpu_selector(expression).matches(H100)
+    assert message in str(caught.value)
+
+
+def test_selector_results_are_remembered_per_distinct_gpu_kind() -> None:
+    selector = compile_gpu_selector('device.attributes["gpu.tessera.dev"].productName.startsWith("NVIDIA H")')
+    for i in range(20):
+        assert selector.matches(catalog_gpu(f"n{i}", i % 8, "H100-80GB"))
+    assert len(selector._memo) == 1
+
+
+def test_priority_wins_then_name_and_losers_are_conflicts() -> None:
+    node = NodeInventory("n", {"pool": "a"}, [H100, A100])
+    policies = [
+        _policy("zeta", priority=10, strategy="TimeSlicing"),
+        _policy("alpha", priority=10, strategy="MPS"),
+        _policy(
+            "high",
+            priority=20,
+            strategy="MIG",
+            mig={"preset": "whole"},
+            gpuSelector=_cel('device.attributes["gpu.tessera.dev"].architecture == "Hopper"'),
+        ),
+    ]
+    plan = plan_fleet(policies, [node])
+    assert [(p.policy, p.layout.strategy if p.layout else None) for p in plan.gpus] == [
+        ("high", Strategy.MIG),
+        ("alpha", Strategy.MPS),
+    ]
+    assert [(c.gpu, c.winner, c.losers) for c in plan.conflicts] == [
+        (H100.uuid, "high", ("alpha", "zeta")),
+        (A100.uuid, "alpha", ("zeta",)),
+    ]
+    assert [c.winner for c in plan.conflicts_of("zeta")] == ["high", "alpha"]
+    assert plan.gpus[0].candidates == ("high", "alpha", "zeta")
+
+
+def test_node_selector_and_unselected_gpus_stay_exclusive() -> None:
+    nodes = [
+        NodeInventory("inference", {"pool": "inference"}, [H100]),
+        NodeInventory("batch", {"pool": "batch"}, [A100]),
+    ]
+    policy = _policy(
+        "inf",
+        strategy="TimeSlicing",
+        nodeSelector={"matchExpressions": [{"key": "pool", "operator": "In", "values": ["inference"]}]},
+    )
+    plan = plan_fleet([policy], nodes)
+    by_node = {p.node: p for p in plan.gpus}
+    assert by_node["inference"].policy == "inf"
+    assert by_node["batch"].policy is None
+    assert by_node["batch"].layout is not None
+    assert by_node["batch"].layout.strategy is Strategy.EXCLUSIVE
+    assert plan.node_layout_spec("batch").gpus[0].uuid == A100.uuid
+    assert [p.gpu.uuid for p in plan.of_policy("inf")] == [H100.uuid]
+
+
+def test_bad_selector_policy_selects_nothing_and_is_reported() -> None:
+    plan = plan_fleet(
+        [_policy("broken", gpuSelector=_cel("device.attributes[")), _policy("ok")], [NodeInventory("n", {}, [H100])]
+    )
+    assert "broken" in plan.policy_errors
+    assert "does not parse" in plan.policy_errors["broken"]
+    assert plan.gpus[0].policy == "ok"
+
+
+def test_selector_that_fails_on_a_gpu_is_that_gpus_error() -> None:
+    policy = _policy(
+        "needs-driver",
+        gpuSelector=_cel('device.attributes["gpu.tessera.dev"].driverVersion.isGreaterThan(semver("1.0.0"))'),
+    )
+    plan = plan_fleet([policy], [NodeInventory("n", {}, [H100, A100])])
+    assert plan.gpus[0].policy == "needs-driver"
+    assert plan.gpus[1].error is not None
+    assert plan.gpus[1].error.reason is PlanErrorReason.SELECTOR
+    assert "driverVersion" in plan.gpus[1].error.message
+
+
+def test_mig_policy_on_a_gpu_without_mig_is_an_error_for_that_gpu_only() -> None:
+    plan = plan_fleet([_policy("mig", strategy="MIG", mig={"preset": "all-1g"})], [NodeInventory("n", {}, [H100, L4])])
+    assert plan.gpus[0].ok
+    assert plan.gpus[0].layout is not None
+    assert len(plan.gpus[0].layout.mig_instances) == 7
+    assert not plan.gpus[1].ok
+    assert plan.gpus[1].error is not None
+    assert plan.gpus[1].error.reason is PlanErrorReason.NO_MIG
+    assert [g.uuid for g in plan.node_layout_spec("n").gpus] == [H100.uuid]
+
+
+def test_same_input_same_output_whatever_the_order() -> None:
+    nodes = parse_inventory(
+        {
+            "nodes": [
+                {
+                    "name": f"n{i}",
+                    "labels": {"pool": ["a", "b"][i % 2]},
+                    "simulate": ["2xH100-80GB", "A100-40GB", "B200"][i % 3],
+                }
+                for i in range(12)
+            ]
+        }
+    )
+    policies = [
+        _policy(
+            "a-mig",
+            priority=5,
+            nodeSelector={"matchLabels": {"pool": "a"}},
+            strategy="MIG",
+            mig={"preset": "all-balanced"},
+        ),
+        _policy("ts", strategy="TimeSlicing"),
+        _policy(
+            "big",
+            priority=5,
+            strategy="MPS",
+            gpuSelector=_cel('device.capacity["gpu.tessera.dev"].memory.isGreaterThan(quantity("100Gi"))'),
+        ),
+    ]
+    first = plan_fleet(policies, nodes)
+    shuffled_nodes, shuffled_policies = list(nodes), list(policies)
+    random.Random(7).shuffle(shuffled_nodes)
+    random.Random(8).shuffle(shuffled_policies)
+    second = plan_fleet(shuffled_policies, shuffled_nodes)
+    assert [(p.node, p.gpu.uuid, p.policy, p.layout) for p in first.gpus] == [
+        (p.node, p.gpu.uuid, p.policy, p.layout) for p in second.gpus
+    ]
+    assert first.conflicts == second.conflicts
+
+
+def test_inventory_short_form_and_explicit_gpus() -> None:
+    nodes = parse_inventory(
+        {
+            "nodes": [
+                {"name": "a", "labels": {"pool": "x"}, "simulate": "2xH100-80GB"},
+                {
+                    "name": "b",
+                    "gpus": [
+                        {"model": "A100-80GB", "migInstances": [{"profile": "3g.40gb", "start": 4, "inUse": True}]},
+                        {"productName": "NVIDIA L4", "memoryMiB": 23034},
+                    ],
+                },
+            ]
+        }
+    )
+    assert [g.uuid for g in nodes[0].gpus] == [gpu_uuid("a", 0), gpu_uuid("a", 1)]
+    assert nodes[0].labels == {"pool": "x"}
+    a100, l4 = nodes[1].gpus
+    assert a100.mig_mode_current
+    assert a100.mig_instances[0].in_use
+    assert a100.mig_instances[0].size == 4
+    assert a100.mig_instances[0].memory_mib == 40192
+    assert (l4.index, l4.model, l4.mig_capable, l4.memory_mib) == (1, None, False, 23034)
+    assert parse_inventory({"nodes": [{"name": "a", "simulate": "2xH100-80GB"}]})[0].gpus == nodes[0].gpus
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"node": []}, "a list under 'nodes'"),
+        ({"nodes": [{"labels": {}}]}, "nodes[0] needs a name"),
+        ({"nodes": [{"name": "a"}, {"name": "a"}]}, "node a appears twice"),
+        ({"nodes": [{"name": "a", "simulate": "4xV100"}]}, "unknown GPU model 'V100'; known models: A100-40GB"),
+        ({"nodes": [{"name": "a", "simulate": "lots of H100"}]}, "should look like 4xH100-80GB"),
+        ({"nodes": [{"name": "a", "gpu": []}]}, "unknown field gpu"),
+        (
+            {
+                "nodes": [
+                    {
+                        "name": "a",
+                        "gpus": [{"model": "H100-80GB", "migInstances": [{"profile": "3g.20gb", "start": 0}]}],
+                    }
+                ]
+            },
+            "H100-80GB has no MIG profile '3g.20gb'",
+        ),
+        ({"nodes": [{"name": "a", "gpus": [{"productName": "X", "memoryMiB": -1}]}]}, "memory_mib"),
+    ],
+)
+def test_bad_inventory_says_where(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(data)
+    assert message in str(caught.value)
