@@ -1,0 +1,220 @@
+"""Desired slices vs the slices that exist → the fewest API writes, and the pool generation.
+
+Comparison sees only what Tessera writes: spec (quantities by value, missing = empty, taint
+``timeAdded`` ignored when we leave it to the apiserver), our labels and our owner
+reference. Server-set fields (uid, resourceVersion, metadata.generation, managedFields,
+creationTimestamp, other people's labels) never cause a write.
+
+Pool generation (``ResourcePool`` docs: consumers use only the slices of the highest
+generation, and count them against ``resourceSliceCount``) — the same rule as the
+resourceslice controller in ``k8s.io/dynamic-resource-allocation``:
+
+- Same slice names as exist, and at most one slice differs → keep the generation and
+  update that one slice. One write is atomic, so a consumer never sees a mixed pool.
+- Anything else (a slice to create or delete — the count changes —, two or more slices
+  that differ, or existing slices of mixed generations that cannot be fixed by one write)
+  → generation = highest existing + 1 and *every* desired slice is written (updated or
+  created), obsolete ones deleted; until the last write lands the scheduler sees an
+  incomplete pool and waits, never a wrong one.
+- Nothing differs → an empty plan.
+
+Apply a plan in the order given: ``deletes``, then ``updates`` (PUT, ``resourceVersion``
+set: a conflict means someone wrote in between — re-list and re-plan), then ``creates``.
+Not for: building slices (``tessera.dra.slices``) or calling the API (the controller).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from tessera.dra.devices import DRIVER
+from tessera.dra.limits import quantity_value
+from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, ResourceSlice
+
+_QUANTITY_KEYS = frozenset({"value", "default", "min", "max", "step"})
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRef:
+    """An existing slice to delete, with the preconditions that make the delete safe."""
+
+    name: str
+    uid: str | None = None
+    resource_version: str | None = None
+
+    @classmethod
+    def of(cls, resource_slice: ResourceSlice) -> SliceRef:
+        meta = resource_slice.get("metadata", {})
+        return cls(meta["name"], meta.get("uid"), meta.get("resourceVersion"))
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePlan:
+    """The writes that turn the existing pool into the desired one."""
+
+    generation: int
+    creates: tuple[ResourceSlice, ...] = ()
+    updates: tuple[ResourceSlice, ...] = ()
+    deletes: tuple[SliceRef, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.creates or self.updates or self.deletes)
+
+    @property
+    def writes(self) -> int:
+        return len(self.creates) + len(self.updates) + len(self.deletes)
+
+
+def _normal(value: Any, key: str | None = None, *, in_values: bool = False) -> Any:
+    """A comparable form: quantities as numbers, empty containers and None dropped."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            n = _normal(v, k, in_values=False)
+            if n not in (None, {}, []):
+                out[k] = n
+        return out
+    if isinstance(value, list):
+        return [_normal(v, key, in_values=key == "validValues") for v in value]
+    if isinstance(value, str) and (key in _QUANTITY_KEYS or in_values):
+        try:
+            return quantity_value(value)
+        except ValueError:
+            return value
+    if isinstance(value, int) and not isinstance(value, bool) and (key in _QUANTITY_KEYS or in_values):
+        return Decimal(value)
+    return value
+
+
+def _taint_key(device: str, taint: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (device, str(taint.get("key")), str(taint.get("value", "")), str(taint.get("effect")))
+
+
+def _existing_taint_times(existing: ResourceSlice) -> dict[tuple[str, str, str, str], str]:
+    times = {}
+    for device in existing.get("spec", {}).get("devices") or []:
+        for taint in device.get("taints") or []:
+            if taint.get("timeAdded"):
+                times[_taint_key(device["name"], taint)] = taint["timeAdded"]
+    return times
+
+
+def carry_taint_times(desired: ResourceSlice, existing: ResourceSlice | None) -> ResourceSlice:
+    """``desired`` with the ``timeAdded`` of every taint that already exists on the same
+    device (same key, value, effect), so a taint keeps the time it was first added."""
+    out = copy.deepcopy(desired)
+    times = _existing_taint_times(existing) if existing else {}
+    for device in out.get("spec", {}).get("devices") or []:
+        for taint in device.get("taints") or []:
+            if "timeAdded" not in taint and (t := times.get(_taint_key(device["name"], taint))):
+                taint["timeAdded"] = t
+    return out
+
+
+def _comparable_spec(spec: dict[str, Any], desired_spec: dict[str, Any]) -> Any:
+    """``spec`` as comparable, without taint times the desired spec leaves to the server."""
+    spec = copy.deepcopy(spec)
+    desired_devices = {d["name"]: d for d in desired_spec.get("devices") or []}
+    for device in spec.get("devices") or []:
+        desired_taints = {
+            _taint_key(device["name"], t): t for t in (desired_devices.get(device["name"], {}).get("taints") or [])
+        }
+        for taint in device.get("taints") or []:
+            wanted = desired_taints.get(_taint_key(device["name"], taint))
+            if wanted is None or "timeAdded" not in wanted:
+                taint.pop("timeAdded", None)
+    return _normal(spec)
+
+
+def slice_differs(existing: ResourceSlice, desired: ResourceSlice) -> bool:
+    """Whether writing ``desired`` would change ``existing`` in anything Tessera manages."""
+    if _comparable_spec(existing.get("spec", {}), desired["spec"]) != _normal(desired["spec"]):
+        return True
+    meta, want = existing.get("metadata", {}), desired["metadata"]
+    labels = meta.get("labels") or {}
+    if any(labels.get(k) != v for k, v in (want.get("labels") or {}).items()):
+        return True
+    owners = {(o.get("kind"), o.get("name"), o.get("uid")) for o in meta.get("ownerReferences") or []}
+    return any((o["kind"], o["name"], o["uid"]) not in owners for o in want.get("ownerReferences") or [])
+
+
+def _with_generation(desired: ResourceSlice, generation: int) -> ResourceSlice:
+    out = copy.deepcopy(desired)
+    out["spec"]["pool"]["generation"] = generation
+    return out
+
+
+def _update_body(desired: ResourceSlice, existing: ResourceSlice) -> ResourceSlice:
+    body = carry_taint_times(desired, existing)
+    meta = existing.get("metadata", {})
+    labels = {**(meta.get("labels") or {}), **(body["metadata"].get("labels") or {})}
+    body["metadata"]["labels"] = dict(sorted(labels.items()))
+    if meta.get("annotations"):
+        body["metadata"]["annotations"] = meta["annotations"]
+    if meta.get("resourceVersion"):
+        body["metadata"]["resourceVersion"] = meta["resourceVersion"]
+    return body
+
+
+def pool_slices(existing: Sequence[ResourceSlice], pool: str, driver: str = DRIVER) -> list[ResourceSlice]:
+    """The slices of ``existing`` that belong to ``driver``'s pool ``pool``."""
+    return [
+        s
+        for s in existing
+        if s.get("spec", {}).get("driver") == driver and (s.get("spec", {}).get("pool") or {}).get("name") == pool
+    ]
+
+
+def plan_slice_writes(pool: str, desired: Sequence[ResourceSlice], existing: Sequence[ResourceSlice]) -> SlicePlan:
+    """The writes that make the pool ``pool`` (a node name) hold exactly ``desired``.
+
+    ``desired``: that node's slices from ``build_node_slices`` (generation left at 0).
+    ``existing``: the slices the API returned (those of other pools or drivers are ignored;
+    list them with the field selector ``spec.driver=gpu.tessera.dev,spec.nodeName=<node>``)."""
+    current = _by_name(pool_slices(existing, pool))
+    if not desired:
+        return SlicePlan(0, deletes=tuple(SliceRef.of(current[n]) for n in sorted(current)))
+    if any(d["spec"]["pool"]["name"] != pool for d in desired):
+        raise ValueError(f"desired slices must all belong to pool {pool!r}")
+    generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in current.values()), default=0)
+    wanted = {str(d["metadata"]["name"]): d for d in desired}
+    obsolete = sorted(set(current) - set(wanted))
+    missing = sorted(set(wanted) - set(current))
+    changed = sorted(
+        n for n in wanted if n in current and slice_differs(current[n], _with_generation(wanted[n], generation))
+    )
+    deletes = tuple(SliceRef.of(current[n]) for n in obsolete)
+    if not obsolete and not missing and len(changed) <= 1:
+        updates = tuple(_update_body(_with_generation(wanted[n], generation), current[n]) for n in changed)
+        return SlicePlan(generation, updates=updates)
+    generation += 1
+    return SlicePlan(
+        generation,
+        creates=tuple(_with_generation(wanted[n], generation) for n in missing),
+        updates=tuple(
+            _update_body(_with_generation(wanted[n], generation), current[n]) for n in sorted(wanted) if n in current
+        ),
+        deletes=deletes,
+    )
+
+
+def _by_name(slices: Sequence[ResourceSlice]) -> dict[str, ResourceSlice]:
+    return {str(s["metadata"]["name"]): s for s in slices}
+
+
+def orphaned_slices(existing: Sequence[ResourceSlice], nodes: Collection[str], driver: str = DRIVER) -> list[SliceRef]:
+    """Slices of ``driver`` whose node is not among ``nodes`` (garbage collection should take
+    them with their Node; this finds the ones it did not, e.g. written before owner refs)."""
+    live = set(nodes)
+    return [
+        SliceRef.of(s)
+        for s in sorted(existing, key=lambda s: str(s["metadata"]["name"]))
+        if s.get("spec", {}).get("driver") == driver
+        and (s["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+        and s.get("spec", {}).get("nodeName") not in live
+    ]

@@ -1,0 +1,181 @@
+"""The publisher's slices on a real apiserver and kube-scheduler: admitted as built, a no-op
+publish plans nothing against what the server stored, and Pods asking for a MIG profile, MPS
+memory and a high-memory GPU are allocated from them. A structurally bad slice is refused by
+the apiserver and by our offline validators alike."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from tessera.dra.deviceclasses import device_classes
+from tessera.dra.diff import plan_slice_writes
+from tessera.dra.limits import quantity_value, validate_slice
+from tessera.dra.slices import NodeRef, build_node_slices
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+from tessera.models.layout import Health
+from tests.dra_gpus import every_strategy
+
+pytestmark = pytest.mark.integration
+
+D = "gpu.tessera.dev"
+
+
+def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
+    return out
+
+
+def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+
+
+def _template(
+    name: str, namespace: str, device_class: str, cel: str, capacity: dict[str, str] | None = None
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "selectors": [{"cel": {"expression": cel}}]}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def _pod(name: str, namespace: str, template: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [
+                {"name": "main", "image": "registry.invalid/none:0", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+        },
+    }
+
+
+def _result(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
+    """The allocation result of the Pod's generated claim, once the scheduler made it."""
+    status = _get(cluster, "pod", pod, "-n", namespace).get("status", {})
+    names = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses", [])]
+    if not names or not names[0]:
+        return None
+    allocation = _get(cluster, "resourceclaim", names[0], "-n", namespace).get("status", {}).get("allocation")
+    if not allocation:
+        return None
+    result: dict[str, Any] = allocation["devices"]["results"][0]
+    return result
+
+
+def _unschedulable(cluster: LocalCluster, namespace: str, pod: str) -> bool:
+    conditions = _get(cluster, "pod", pod, "-n", namespace).get("status", {}).get("conditions", [])
+    return any(
+        c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+        for c in conditions
+    )
+
+
+def _stored_slices(cluster: LocalCluster, node: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = _get(
+        cluster, "resourceslices", f"--field-selector=spec.driver={D},spec.nodeName={node}"
+    )["items"]
+    return items
+
+
+async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster: LocalCluster, namespace: str) -> None:
+    name = "publisher-node-1"
+    node = cluster.add_node(name, labels={"tessera.dev/test": "publisher"})
+    gpus = every_strategy()
+    gpus[1] = gpus[1].model_copy(update={"health": Health.HEALTHY})
+    ref = NodeRef(name, node["metadata"]["uid"])
+    desired = build_node_slices(ref, gpus, draining={"gpu-2-mig-1g-10gb-6"})
+    _apply(cluster, *device_classes())
+
+    plan = plan_slice_writes(name, desired, _stored_slices(cluster, name))
+    assert plan.updates == ()
+    assert plan.deletes == ()
+    cluster.kubectl(
+        "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(plan.creates)})
+    )
+    stored = _stored_slices(cluster, name)
+    assert len(stored) == len(desired) == 9
+
+    # What the server stored (uids, timeAdded on taints, its quantity spelling) plans no write.
+    assert plan_slice_writes(name, desired, stored).empty
+    tainted = [d for s in stored for d in s["spec"].get("devices", []) if d.get("taints")]
+    assert tainted
+    assert all(t.get("timeAdded") for d in tainted for t in d["taints"])
+
+    # A structurally bad slice: refused by the apiserver, and by our validators.
+    bad = copy.deepcopy(plan.creates[0])
+    bad["metadata"]["name"] = f"{name}-bad"
+    device = bad["spec"]["devices"][0]
+    device["capacity"]["memory"]["requestPolicy"] = {"default": "1Gi", "validRange": {"min": "1Gi"}}
+    device.pop("allowMultipleAllocations", None)
+    assert validate_slice(bad)
+    refused = cluster.kubectl("create", "-f", "-", input=json.dumps(bad), check=False)
+    assert refused.returncode != 0
+    assert "allowMultipleAllocations" in refused.stderr
+
+    devices = {d["name"]: d for s in stored for d in s["spec"].get("devices", [])}
+    mps_uuid, static_mig_uuid, dynamic_uuid = gpus[5].uuid, gpus[1].uuid, gpus[6].uuid
+    _apply(
+        cluster,
+        _template(
+            "mig-3g",
+            namespace,
+            "mig.tessera.dev",
+            f'device.attributes["{D}"].migProfile.startsWith("3g") && '
+            f'device.attributes["{D}"].parentUUID == "{static_mig_uuid}"',
+        ),
+        _template(
+            "dyn-4g",
+            namespace,
+            "mig.tessera.dev",
+            f'device.attributes["{D}"].migProfile.startsWith("4g") && '
+            f'device.attributes["{D}"].parentUUID == "{dynamic_uuid}"',
+        ),
+        _template(
+            "mps-30gi",
+            namespace,
+            "shared-gpu.tessera.dev",
+            f'device.attributes["{D}"].uuid == "{mps_uuid}"',
+            {"memory": "30Gi"},
+        ),
+        _template("big", namespace, "high-memory-gpu", "true"),
+        _pod("mig", namespace, "mig-3g"),
+        _pod("dyn", namespace, "dyn-4g"),
+        _pod("mps-a", namespace, "mps-30gi"),
+        _pod("mps-b", namespace, "mps-30gi"),
+        _pod("big", namespace, "big"),
+    )
+    results = {}
+    for pod in ("mig", "dyn", "mps-a", "mps-b", "big"):
+        results[pod] = await wait_for(
+            lambda p=pod: _result(cluster, namespace, p), timeout=60, message=f"{pod}'s claim to be allocated"
+        )
+        assert results[pod]["driver"] == D
+        assert results[pod]["pool"] == name
+    assert results["mig"]["device"] == "gpu-1-mig-3g-40gb-0"
+    assert results["dyn"]["device"] == "gpu-6-dyn-4g-40gb-0"
+    for pod in ("mps-a", "mps-b"):
+        assert results[pod]["device"] == "gpu-5"
+        assert results[pod]["consumedCapacity"]["memory"] == "30Gi"
+        assert quantity_value(results[pod]["consumedCapacity"]["compute"]) == 25
+    big = devices[results["big"]["device"]]
+    assert quantity_value(big["capacity"]["memory"]["value"]) > 40 * 1024**3
+    assert big["attributes"]["type"]["string"] in ("gpu", "mig")
+    assert not big.get("taints")
+
+    # 79Gi of MPS memory holds two 30Gi shares, not three.
+    _apply(cluster, _pod("mps-c", namespace, "mps-30gi"))
+    await wait_for(lambda: _unschedulable(cluster, namespace, "mps-c"), timeout=60, message="mps-c to be unschedulable")
+    assert _result(cluster, namespace, "mps-c") is None

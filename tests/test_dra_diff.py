@@ -1,0 +1,268 @@
+"""Minimal writes and pool generations (tessera.dra.diff), against slices as the API returns them."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from tessera.dra.diff import SlicePlan, SliceRef, carry_taint_times, orphaned_slices, plan_slice_writes, slice_differs
+from tessera.dra.limits import validate_pool
+from tessera.dra.slices import NodeRef, build_node_slices
+from tessera.models.layout import GpuStatus, Health
+from tests.dra_gpus import NODE_UID, dynamic_gpu, every_strategy, gpu, mig_gpu
+
+NODE = NodeRef("gpu-node-1", NODE_UID)
+POOL = NODE.name
+_counter = itertools.count(100)
+
+
+class FakeApiserver:
+    """Stores slices the way kube-apiserver does: server fields added, taint times stamped,
+    quantities in another (equal) spelling, spec changes bump metadata.generation."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.writes = 0
+
+    def _store(self, body: dict[str, Any], old: dict[str, Any] | None) -> None:
+        stored = copy.deepcopy(body)
+        meta = stored["metadata"]
+        meta["uid"] = old["metadata"]["uid"] if old else f"uid-{next(_counter)}"
+        meta["resourceVersion"] = str(next(_counter))
+        meta["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        meta["managedFields"] = [{"manager": "tessera", "operation": "Update"}]
+        changed = old is None or old["spec"] != stored["spec"]
+        meta["generation"] = 1 if old is None else old["metadata"]["generation"] + int(changed)
+        for device in stored["spec"].get("devices", []):
+            for taint in device.get("taints", []):
+                taint.setdefault("timeAdded", f"2026-01-01T00:00:{next(_counter) % 60:02d}Z")
+            for capacity in device.get("capacity", {}).values():
+                if capacity["value"].endswith("Mi"):  # same value, another spelling
+                    capacity["value"] = str(int(capacity["value"][:-2]) * 1024 * 1024)
+        self.slices[meta["name"]] = stored
+
+    def apply(self, plan: SlicePlan) -> None:
+        for ref in plan.deletes:
+            assert self.slices[ref.name]["metadata"]["uid"] == ref.uid
+            del self.slices[ref.name]
+        for body in plan.updates:
+            old = self.slices[body["metadata"]["name"]]
+            assert body["metadata"]["resourceVersion"] == old["metadata"]["resourceVersion"]
+            self._store(body, old)
+        for body in plan.creates:
+            assert body["metadata"]["name"] not in self.slices
+            self._store(body, None)
+        self.writes += plan.writes
+
+    def stored(self) -> list[dict[str, Any]]:
+        return [copy.deepcopy(s) for _, s in sorted(self.slices.items())]
+
+    def publish(self, gpus: list[GpuStatus], draining: set[str] | None = None) -> SlicePlan:
+        plan = plan_slice_writes(POOL, build_node_slices(NODE, gpus, draining or set()), self.stored())
+        self.apply(plan)
+        assert validate_pool(self.stored()) == []
+        return plan
+
+
+def test_first_publish_creates_every_slice_at_generation_one() -> None:
+    api = FakeApiserver()
+    plan = api.publish(every_strategy())
+    assert plan.generation == 1
+    assert len(plan.creates) == 9
+    assert plan.updates == ()
+    assert plan.deletes == ()
+    assert {s["spec"]["pool"]["generation"] for s in api.stored()} == {1}
+
+
+def test_publishing_again_with_nothing_new_writes_nothing() -> None:
+    api = FakeApiserver()
+    gpus = every_strategy()
+    api.publish(gpus, {gpus[2].uuid})
+    plan = api.publish(gpus, {gpus[2].uuid})
+    assert plan.empty
+    assert plan.writes == 0
+
+
+def test_one_gpu_changed_writes_one_slice_and_keeps_the_generation() -> None:
+    api = FakeApiserver()
+    gpus = every_strategy()
+    api.publish(gpus)
+    gpus[1] = gpus[1].model_copy(update={"health": Health.UNHEALTHY})
+    plan = api.publish(gpus)
+    assert plan.generation == 1
+    assert [u["metadata"]["name"] for u in plan.updates] == ["gpu-node-1-tessera-gpu-1"]
+    assert plan.creates == ()
+    assert plan.deletes == ()
+    assert {s["spec"]["pool"]["generation"] for s in api.stored()} == {1}
+
+
+def test_two_gpus_changed_bump_the_generation_and_rewrite_the_whole_pool() -> None:
+    api = FakeApiserver()
+    gpus = every_strategy()
+    api.publish(gpus)
+    gpus[0] = gpus[0].model_copy(update={"health": Health.LOST})
+    gpus[1] = gpus[1].model_copy(update={"health": Health.LOST})
+    plan = api.publish(gpus)
+    assert plan.generation == 2
+    assert len(plan.updates) == 9
+    assert {s["spec"]["pool"]["generation"] for s in api.stored()} == {2}
+
+
+def test_a_new_gpu_bumps_the_generation_and_counts_the_new_slice() -> None:
+    api = FakeApiserver()
+    api.publish([gpu(0), gpu(1)])
+    plan = api.publish([gpu(0), gpu(1), gpu(2)])
+    assert plan.generation == 2
+    assert [c["metadata"]["name"] for c in plan.creates] == ["gpu-node-1-tessera-gpu-2"]
+    assert len(plan.updates) == 2
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.stored()} == {3}
+
+
+def test_a_gpu_gone_deletes_its_slices_and_recounts_the_rest() -> None:
+    api = FakeApiserver()
+    api.publish([gpu(0), dynamic_gpu(1), gpu(2)])
+    stored = {s["metadata"]["name"]: s for s in api.stored()}
+    plan = api.publish([gpu(0), gpu(2)])
+    assert plan.deletes == (
+        SliceRef.of(stored["gpu-node-1-tessera-gpu-1"]),
+        SliceRef.of(stored["gpu-node-1-tessera-gpu-1-counters"]),
+    )
+    assert plan.deletes[0].uid is not None
+    assert plan.deletes[0].resource_version is not None
+    assert plan.generation == 2
+    assert [s["metadata"]["name"] for s in api.stored()] == ["gpu-node-1-tessera-gpu-0", "gpu-node-1-tessera-gpu-2"]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.stored()} == {2}
+
+
+def test_a_strategy_change_within_one_gpu_rewrites_only_that_slice() -> None:
+    api = FakeApiserver()
+    api.publish([gpu(0), gpu(1)])
+    plan = api.publish([gpu(0), mig_gpu(1)])
+    assert plan.writes == 1
+    assert plan.generation == 1
+
+
+def test_taint_time_added_by_the_server_is_kept_on_later_writes() -> None:
+    api = FakeApiserver()
+    gpus = [mig_gpu(0, health=Health.UNHEALTHY), gpu(1)]
+    api.publish(gpus)
+    stamped = api.stored()[0]["spec"]["devices"][0]["taints"][0]["timeAdded"]
+    # Another change to the same slice: the taint keeps its time.
+    plan = api.publish(gpus, {gpus[0].mig_instances[0].uuid})
+    (update,) = plan.updates
+    taints = next(d for d in update["spec"]["devices"] if d["name"] == "gpu-0-mig-1g-10gb-6")["taints"]
+    assert taints == [
+        {"key": "gpu.tessera.dev/unhealthy", "value": "Unhealthy", "effect": "NoSchedule", "timeAdded": stamped}
+    ]
+    assert api.publish(gpus, {gpus[0].mig_instances[0].uuid}).empty
+
+
+def test_a_taint_is_cleared_when_its_cause_goes() -> None:
+    api = FakeApiserver()
+    g = mig_gpu(0)
+    api.publish([g], {g.uuid})
+    assert all("taints" in d for d in api.stored()[0]["spec"]["devices"])
+    plan = api.publish([g])
+    assert plan.writes == 1
+    assert all("taints" not in d for d in api.stored()[0]["spec"]["devices"])
+
+
+def test_server_fields_and_quantity_spelling_do_not_count_as_changes() -> None:
+    desired = build_node_slices(NODE, [gpu(0)])[0]
+    desired["spec"]["pool"]["generation"] = 4
+    stored = copy.deepcopy(desired)
+    stored["metadata"].update(uid="u", resourceVersion="9", generation=3, creationTimestamp="2026-01-01T00:00:00Z")
+    stored["metadata"]["labels"]["someone-else/label"] = "x"
+    stored["spec"]["devices"][0]["capacity"]["memory"]["value"] = str(81559 * 1024 * 1024)
+    assert not slice_differs(stored, desired)
+    stored["spec"]["devices"][0]["attributes"]["index"] = {"int": 9}
+    assert slice_differs(stored, desired)
+
+
+def test_a_lost_owner_reference_or_label_is_written_back() -> None:
+    desired = build_node_slices(NODE, [gpu(0)])[0]
+    no_owner = copy.deepcopy(desired)
+    no_owner["metadata"]["ownerReferences"] = []
+    assert slice_differs(no_owner, desired)
+    no_label = copy.deepcopy(desired)
+    no_label["metadata"]["labels"] = {}
+    assert slice_differs(no_label, desired)
+
+
+def test_update_keeps_labels_of_others_and_sets_the_resource_version() -> None:
+    api = FakeApiserver()
+    api.publish([gpu(0)])
+    api.slices["gpu-node-1-tessera-gpu-0"]["metadata"]["labels"]["team"] = "ml"
+    plan = api.publish([gpu(0, health=Health.UNHEALTHY)])
+    (update,) = plan.updates
+    assert update["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "tessera", "team": "ml"}
+    assert update["metadata"]["resourceVersion"]
+
+
+def test_a_slice_left_at_an_older_generation_is_brought_up_alone() -> None:
+    api = FakeApiserver()
+    api.publish([gpu(0), gpu(1)])
+    api.publish([gpu(0, health=Health.LOST), gpu(1, health=Health.LOST)])  # generation 2
+    api.slices["gpu-node-1-tessera-gpu-1"]["spec"]["pool"]["generation"] = 1  # a write that never landed
+    plan = api.publish([gpu(0, health=Health.LOST), gpu(1, health=Health.LOST)])
+    assert plan.generation == 2
+    assert [u["metadata"]["name"] for u in plan.updates] == ["gpu-node-1-tessera-gpu-1"]
+
+
+def test_slices_of_other_pools_and_drivers_are_left_alone() -> None:
+    other_node = build_node_slices(NodeRef("other", NODE_UID), [gpu(0)])
+    other_driver = copy.deepcopy(build_node_slices(NODE, [gpu(5)]))
+    other_driver[0]["spec"]["driver"] = "gpu.nvidia.com"
+    plan = plan_slice_writes(POOL, [], other_node + other_driver)
+    assert plan.empty
+
+
+def test_unknown_slices_of_our_pool_are_deleted() -> None:
+    api = FakeApiserver()
+    api.publish([gpu(0)])
+    stray = copy.deepcopy(api.stored()[0])
+    stray["metadata"]["name"] = "gpu-node-1-old-naming"
+    api.slices["gpu-node-1-old-naming"] = stray
+    plan = api.publish([gpu(0)])
+    assert [d.name for d in plan.deletes] == ["gpu-node-1-old-naming"]
+
+
+def test_no_gpus_left_deletes_the_whole_pool() -> None:
+    api = FakeApiserver()
+    api.publish([gpu(0), dynamic_gpu(1)])
+    plan = api.publish([])
+    assert len(plan.deletes) == 3
+    assert api.stored() == []
+
+
+def test_carry_taint_times_without_an_existing_slice_changes_nothing() -> None:
+    desired = build_node_slices(NODE, [gpu(0, health=Health.LOST)])[0]
+    assert carry_taint_times(desired, None) == desired
+
+
+def test_orphaned_slices_are_ours_on_nodes_that_are_gone() -> None:
+    mine = build_node_slices(NodeRef("gone", NODE_UID), [gpu(0)]) + build_node_slices(NODE, [gpu(0)])
+    foreign = copy.deepcopy(build_node_slices(NodeRef("gone-too", NODE_UID), [gpu(0)]))
+    foreign[0]["metadata"]["labels"] = {}
+    orphans = orphaned_slices(mine + foreign, nodes={"gpu-node-1"})
+    assert [o.name for o in orphans] == ["gone-tessera-gpu-0"]
+
+
+def test_a_long_series_of_changes_never_leaves_a_mixed_or_miscounted_pool() -> None:
+    api = FakeApiserver()
+    layouts: list[list[GpuStatus]] = [
+        every_strategy(),
+        every_strategy()[:5],
+        [gpu(0), mig_gpu(1), dynamic_gpu(2)],
+        [gpu(0, health=Health.LOST), mig_gpu(1), dynamic_gpu(2)],
+        [gpu(0), mig_gpu(1), gpu(2)],
+        [gpu(0), mig_gpu(1), gpu(2)],
+        every_strategy(),
+    ]
+    for gpus in layouts:
+        api.publish(gpus)
+        stored = api.stored()
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in stored} == {len(stored)}
+        assert len({s["spec"]["pool"]["generation"] for s in stored}) == 1
+        assert plan_slice_writes(POOL, build_node_slices(NODE, gpus), stored).empty
