@@ -1,0 +1,400 @@
+"""The reconciler: what one GPU should become (``GpuLayout``) against what it is (``GpuInfo``).
+
+``plan_gpu`` is pure: it returns the minimal, ordered operations that move the GPU toward its
+desired layout, and the blockers that stop the rest, each with a reason and a message a person
+can act on. Planning always starts from what the hardware says now, so a crash half-way is
+healed by planning again; a converged GPU plans nothing (idempotent).
+
+Rules it keeps:
+
+- Never destroy an instance in use, never change MIG mode of a GPU in use, never stop an MPS
+  daemon that clients use: report ``InstanceInUse`` / ``GpuInUse`` instead, and do every
+  other step that is safe (a desired instance that does not overlap the busy one is created).
+- Order: stop MPS daemons → destroy instances → set MIG mode → create instances → time slice
+  → start MPS daemons. An instance's MPS daemon needs its ``MIG-…`` UUID, which exists only
+  after creation, so ``apply_layout`` plans again after each round.
+- ``DynamicMIG``: MIG mode on; instances belong to the kubelet plugin (made at prepare
+  time). Idle leftovers are destroyed, instances in use are kept.
+- MIG mode pending (Ampere): the agent does not reset GPUs. It reports ``ResetRequired`` and
+  waits; it never calls ``set_mig_mode`` again for a mode that is already pending.
+- A GPU absent from the spec is left as it is; nobody asked for anything.
+
+``apply_layout`` runs the plans through a ``DeviceBackend`` (blocking; call it in a thread).
+Not for: Kubernetes, status conditions (``tessera.agent.status``), or choosing layouts
+(``tessera.planner``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import structlog
+
+from tessera.agent.backend import BackendError, DeviceBackend, GpuInfo, InUseError, Inventory, MigInstanceInfo
+from tessera.models.layout import GpuLayout, Health, NodeLayoutSpec, PlacedInstance
+from tessera.models.policy import ShareStrategy, Strategy, TimeSliceInterval
+
+log = structlog.get_logger(__name__)
+
+
+class OpKind(StrEnum):
+    STOP_MPS = "StopMps"
+    DESTROY_INSTANCE = "DestroyInstance"
+    SET_MIG_MODE = "SetMigMode"
+    CREATE_INSTANCE = "CreateInstance"
+    SET_TIME_SLICE = "SetTimeSlice"
+    START_MPS = "StartMps"
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One step on one GPU; ``describe()`` is what logs and events show."""
+
+    kind: OpKind
+    gpu_uuid: str
+    gpu_index: int
+    profile: str | None = None
+    start: int | None = None
+    gpu_instance_id: int | None = None
+    enabled: bool | None = None
+    interval: TimeSliceInterval | None = None
+    device_uuid: str | None = None
+
+    def describe(self) -> str:
+        where = f"GPU {self.gpu_index}"
+        match self.kind:
+            case OpKind.STOP_MPS:
+                return f"{where}: stop the MPS daemon of {self.device_uuid}"
+            case OpKind.DESTROY_INSTANCE:
+                return f"{where}: destroy {self.profile} at slice {self.start} (GPU instance {self.gpu_instance_id})"
+            case OpKind.SET_MIG_MODE:
+                return f"{where}: turn MIG mode {'on' if self.enabled else 'off'}"
+            case OpKind.CREATE_INSTANCE:
+                return f"{where}: create {self.profile} at slice {self.start}"
+            case OpKind.SET_TIME_SLICE:
+                return f"{where}: set the time-slice interval to {self.interval}"
+            case OpKind.START_MPS:
+                return f"{where}: start an MPS daemon for {self.device_uuid}"
+
+
+class BlockReason(StrEnum):
+    """Why a GPU is not (yet) as the spec says. ``WAITING`` ones clear by themselves."""
+
+    INSTANCE_IN_USE = "InstanceInUse"
+    GPU_IN_USE = "GpuInUse"
+    RESET_REQUIRED = "ResetRequired"
+    GPU_LOST = "GpuLost"
+    MIG_NOT_SUPPORTED = "MigNotSupported"
+    INVALID_LAYOUT = "InvalidLayout"
+    OPERATION_FAILED = "OperationFailed"
+
+
+WAITING = frozenset({BlockReason.INSTANCE_IN_USE, BlockReason.GPU_IN_USE, BlockReason.RESET_REQUIRED})
+
+
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    reason: BlockReason
+    message: str  # starts with "GPU <index>: "
+
+    @property
+    def waiting(self) -> bool:
+        return self.reason in WAITING
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    gpu_uuid: str
+    gpu_index: int
+    operations: tuple[Operation, ...] = ()
+    blockers: tuple[Blocker, ...] = ()
+
+    @property
+    def converged(self) -> bool:
+        """Nothing to do and nothing in the way: the GPU is as the spec says."""
+        return not self.operations and not self.blockers
+
+
+def _place(i: MigInstanceInfo | PlacedInstance) -> str:
+    return f"{i.profile} at slice {i.start}"
+
+
+def _wants_mig(strategy: Strategy) -> bool:
+    return strategy in (Strategy.MIG, Strategy.DYNAMIC_MIG)
+
+
+def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
+    """The operations that move ``gpu`` toward ``desired``, and what blocks the rest."""
+    ops: list[Operation] = []
+    blockers: list[Blocker] = []
+    where = f"GPU {gpu.index}"
+
+    def op(
+        kind: OpKind,
+        *,
+        profile: str | None = None,
+        start: int | None = None,
+        gpu_instance_id: int | None = None,
+        enabled: bool | None = None,
+        interval: TimeSliceInterval | None = None,
+        device_uuid: str | None = None,
+    ) -> None:
+        ops.append(
+            Operation(kind, gpu.uuid, gpu.index, profile, start, gpu_instance_id, enabled, interval, device_uuid)
+        )
+
+    def block(reason: BlockReason, message: str) -> None:
+        blockers.append(Blocker(reason, f"{where}: {message}"))
+
+    if desired is None:
+        return GpuPlan(gpu.uuid, gpu.index)
+    if gpu.health is Health.LOST:
+        block(BlockReason.GPU_LOST, gpu.health_message or "the GPU is lost; reset it or reboot the node")
+        return GpuPlan(gpu.uuid, gpu.index, (), tuple(blockers))
+
+    strategy = desired.strategy
+    want_mig = _wants_mig(strategy)
+    if want_mig and not gpu.mig_capable:
+        block(
+            BlockReason.MIG_NOT_SUPPORTED,
+            f"{gpu.product_name} does not support MIG; strategy {strategy} cannot apply",
+        )
+        return GpuPlan(gpu.uuid, gpu.index, (), tuple(blockers))
+
+    # -- which instances to keep, destroy, create --
+    wanted: list[PlacedInstance] = list(desired.mig_instances) if strategy is Strategy.MIG else []
+    invalid = _invalid_instances(wanted, gpu)
+    if invalid:
+        block(BlockReason.INVALID_LAYOUT, invalid)
+        return GpuPlan(gpu.uuid, gpu.index, (), tuple(blockers))
+
+    keep: list[MigInstanceInfo] = []
+    destroy: list[MigInstanceInfo] = []
+    remaining = list(wanted)
+    for inst in gpu.instances:
+        match = next((w for w in remaining if w.profile == inst.profile and w.start == inst.start), None)
+        complete = inst.compute_instance_id is not None
+        if strategy is Strategy.DYNAMIC_MIG and inst.in_use:
+            keep.append(inst)  # the kubelet plugin made it for a claim
+        elif match is not None and complete:
+            remaining.remove(match)
+            keep.append(inst)
+        elif inst.in_use:
+            keep.append(inst)
+            wants = [w for w in wanted if inst.overlaps(w.start, _size(gpu, w))]
+            instead = f"; the spec wants {', '.join(_place(w) for w in wants)}" if wants else (
+                "; the spec does not want it" if want_mig else f"; the spec wants strategy {strategy}"
+            )
+            block(BlockReason.INSTANCE_IN_USE, f"{_place(inst)} is in use{instead}")
+        else:
+            destroy.append(inst)  # unwanted, or a GI left without its CI by a crash
+
+    # -- MPS daemons that must stop (before their instance or the GPU's mode changes) --
+    keep_uuids = {i.uuid for i in keep}
+    reported = {i.gpu_instance_id for i in keep if i.in_use and i not in _matched(keep, desired, strategy)}
+    mps_on_gpu = strategy is Strategy.MPS
+    mps_on_instances = strategy is Strategy.MIG and desired.mig_sharing is ShareStrategy.MPS
+    if gpu.mps_running and not mps_on_gpu:
+        if gpu.in_use:
+            block(BlockReason.GPU_IN_USE, "the GPU's MPS daemon has clients; it stops when they finish")
+        else:
+            op(OpKind.STOP_MPS, device_uuid=gpu.uuid)
+    for inst in gpu.instances:
+        if inst.mps_running and inst.uuid is not None and not (mps_on_instances and inst.uuid in keep_uuids):
+            if not inst.in_use:
+                op(OpKind.STOP_MPS, device_uuid=inst.uuid)
+            elif inst.gpu_instance_id not in reported:
+                block(
+                    BlockReason.INSTANCE_IN_USE,
+                    f"{_place(inst)} is in use; its MPS daemon stops when its clients finish",
+                )
+
+    for inst in destroy:
+        op(OpKind.DESTROY_INSTANCE, profile=inst.profile, start=inst.start, gpu_instance_id=inst.gpu_instance_id)
+
+    # -- MIG mode --
+    mode_ok = gpu.mig_mode_current == want_mig
+    if gpu.mig_capable and not mode_ok:
+        if gpu.mig_mode_pending == want_mig:
+            block(
+                BlockReason.RESET_REQUIRED,
+                f"MIG mode {'on' if want_mig else 'off'} is pending a GPU reset "
+                f"(Ampere); drain the node and run nvidia-smi -r -i {gpu.index}, or reboot it",
+            )
+        elif any(k.in_use for k in keep):
+            pass  # an instance in use keeps MIG on; reported above
+        elif gpu.in_use:
+            block(
+                BlockReason.GPU_IN_USE,
+                f"the GPU is in use; MIG mode turns {'on' if want_mig else 'off'} when it is idle",
+            )
+        else:
+            op(OpKind.SET_MIG_MODE, enabled=want_mig)
+    elif gpu.mig_capable and gpu.mig_mode_pending != gpu.mig_mode_current:
+        op(OpKind.SET_MIG_MODE, enabled=want_mig)  # cancel a pending change nobody wants
+
+    # -- instances to create (only once MIG mode is on; a pending mode waits) --
+    if strategy is Strategy.MIG and mode_ok:
+        for w in sorted(remaining, key=lambda w: (w.start, w.profile)):
+            busy = next((k for k in keep if k.in_use and k.overlaps(w.start, _size(gpu, w))), None)
+            if busy is not None:
+                if not any(b.reason is BlockReason.INSTANCE_IN_USE for b in blockers):
+                    block(BlockReason.INSTANCE_IN_USE, f"{_place(busy)} is in use; the spec wants {_place(w)}")
+                continue
+            op(OpKind.CREATE_INSTANCE, profile=w.profile, start=w.start)
+
+    # -- time slicing --
+    if strategy is Strategy.TIME_SLICING:
+        interval = desired.time_slicing.interval if desired.time_slicing else TimeSliceInterval.DEFAULT
+        if gpu.time_slice != interval and mode_ok:
+            op(OpKind.SET_TIME_SLICE, interval=interval)
+    elif gpu.time_slice not in (None, TimeSliceInterval.DEFAULT) and not want_mig:
+        op(OpKind.SET_TIME_SLICE, interval=TimeSliceInterval.DEFAULT)
+
+    # -- MPS daemons to start --
+    if mps_on_gpu and not gpu.mps_running and mode_ok:
+        op(OpKind.START_MPS, device_uuid=gpu.uuid)
+    if mps_on_instances:
+        for inst in keep:
+            if inst.uuid is not None and not inst.mps_running and inst.compute_instance_id is not None:
+                op(OpKind.START_MPS, device_uuid=inst.uuid)
+
+    return GpuPlan(gpu.uuid, gpu.index, tuple(ops), tuple(blockers))
+
+
+def _matched(keep: list[MigInstanceInfo], desired: GpuLayout, strategy: Strategy) -> list[MigInstanceInfo]:
+    """The kept instances the spec asks for (the rest are kept only because they are in use)."""
+    if strategy is Strategy.DYNAMIC_MIG:
+        return keep
+    if strategy is not Strategy.MIG:
+        return []
+    return [k for k in keep if any(w.profile == k.profile and w.start == k.start for w in desired.mig_instances)]
+
+
+def _size(gpu: GpuInfo, w: PlacedInstance) -> int:
+    p = gpu.profile(w.profile)
+    return p.memory_slices if p is not None else 1
+
+
+def _invalid_instances(wanted: list[PlacedInstance], gpu: GpuInfo) -> str:
+    """Why the wanted instances cannot all exist on this GPU, or "" when they can."""
+    problems: list[str] = []
+    taken: list[tuple[int, int, PlacedInstance]] = []
+    for w in wanted:
+        p = gpu.profile(w.profile)
+        if p is None:
+            valid = ", ".join(x.name for x in gpu.profiles) or "none"
+            problems.append(f"{gpu.product_name} has no MIG profile {w.profile} (valid: {valid})")
+            continue
+        if w.start not in p.starts:
+            problems.append(f"{w.profile} cannot start at slice {w.start} (valid: {', '.join(map(str, p.starts))})")
+            continue
+        for s, size, other in taken:
+            if s < w.start + p.memory_slices and w.start < s + size:
+                problems.append(f"{_place(w)} overlaps {_place(other)}")
+        taken.append((w.start, p.memory_slices, w))
+    for p in gpu.profiles:
+        n = sum(1 for w in wanted if w.profile == p.name)
+        if n > p.max_count:
+            problems.append(f"{n} x {p.name} asked, at most {p.max_count} fit")
+    return "; ".join(problems)
+
+
+def plan_node(spec: NodeLayoutSpec, inventory: Inventory) -> list[GpuPlan]:
+    """One plan per GPU of the node, in index order."""
+    return [plan_gpu(spec.for_gpu(g.uuid), g) for g in sorted(inventory.gpus, key=lambda g: g.index)]
+
+
+# --- running plans through a backend -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OperationFailure:
+    operation: Operation
+    error: BackendError
+
+
+@dataclass
+class ApplyResult:
+    """What ``apply_layout`` did and what is left: the last inventory and plans tell the status."""
+
+    inventory: Inventory
+    plans: list[GpuPlan]
+    executed: list[Operation] = field(default_factory=list)
+    failures: list[OperationFailure] = field(default_factory=list)
+    rounds: int = 0
+
+    def plan(self, gpu_uuid: str) -> GpuPlan | None:
+        return next((p for p in self.plans if p.gpu_uuid == gpu_uuid), None)
+
+    def failures_of(self, gpu_uuid: str) -> list[OperationFailure]:
+        return [f for f in self.failures if f.operation.gpu_uuid == gpu_uuid]
+
+
+def execute(backend: DeviceBackend, op: Operation) -> None:
+    """Run one operation. Raises BackendError."""
+    match op.kind:
+        case OpKind.STOP_MPS:
+            assert op.device_uuid is not None
+            backend.stop_mps(op.device_uuid)
+        case OpKind.DESTROY_INSTANCE:
+            assert op.gpu_instance_id is not None
+            backend.destroy_instance(op.gpu_uuid, op.gpu_instance_id)
+        case OpKind.SET_MIG_MODE:
+            assert op.enabled is not None
+            backend.set_mig_mode(op.gpu_uuid, op.enabled)
+        case OpKind.CREATE_INSTANCE:
+            assert op.profile is not None
+            assert op.start is not None
+            backend.create_instance(op.gpu_uuid, op.profile, op.start)
+        case OpKind.SET_TIME_SLICE:
+            assert op.interval is not None
+            backend.set_time_slice(op.gpu_uuid, op.interval)
+        case OpKind.START_MPS:
+            assert op.device_uuid is not None
+            backend.start_mps(op.device_uuid)
+
+
+def apply_layout(backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int = 4) -> ApplyResult:
+    """Plan from the hardware, run the operations, plan again, until nothing is left to do,
+    only blockers remain, or ``max_rounds`` passed. A failed operation stops the rest of its
+    GPU's operations for this call (they depend on order); other GPUs go on. A GPU whose
+    operation failed is not retried within the call: the next resync tries again."""
+    inventory = backend.inventory()
+    plans = plan_node(spec, inventory)
+    result = ApplyResult(inventory, plans)
+    failed: set[str] = set()
+    for round_no in range(1, max_rounds + 1):
+        todo = [p for p in plans if p.operations and p.gpu_uuid not in failed]
+        if not todo:
+            break
+        result.rounds = round_no
+        for plan in todo:
+            for op in plan.operations:
+                try:
+                    execute(backend, op)
+                except BackendError as e:
+                    log.warning("operation failed", operation=op.describe(), reason=e.reason, error=str(e))
+                    result.failures.append(OperationFailure(op, e))
+                    failed.add(plan.gpu_uuid)
+                    break
+                log.info("operation done", operation=op.describe())
+                result.executed.append(op)
+        inventory = backend.inventory()
+        plans = plan_node(spec, inventory)
+    result.inventory = inventory
+    result.plans = [_with_failures(p, result) for p in plans]
+    return result
+
+
+def _with_failures(plan: GpuPlan, result: ApplyResult) -> GpuPlan:
+    failures = result.failures_of(plan.gpu_uuid)
+    if not failures or not plan.operations:
+        return plan
+    extra = []
+    for f in failures:
+        reason = BlockReason.INSTANCE_IN_USE if isinstance(f.error, InUseError) else BlockReason.OPERATION_FAILED
+        step = f.operation.describe().split(": ", 1)[1]
+        extra.append(Blocker(reason, f"GPU {plan.gpu_index}: {step} failed: {f.error}"))
+    return GpuPlan(plan.gpu_uuid, plan.gpu_index, plan.operations, (*plan.blockers, *extra))

@@ -1,0 +1,268 @@
+"""The node agent's process: watch this node's NodeLayout, reconcile, write its status.
+
+``NodeAgent.run`` ensures the NodeLayout exists (owned by the Node), then loops: a watch on
+the object, a periodic resync (the heartbeat: the status is rewritten at least every
+``resync_seconds`` even when nothing changed), and a thread waiting for GPU health events
+all wake one reconcile pass. A pass runs ``apply_layout`` in a worker thread (backend calls
+block), builds the status and writes it through the status subresource when it changed or the
+heartbeat is due. It serves Prometheus metrics on ``/metrics`` and liveness on ``/healthz``
+(503 once no pass has finished for three resync periods).
+
+The DRA kubelet plugin shares the backend; it calls ``request_resync()`` after it creates or
+destroys an instance so the status follows at once.
+Not for: deciding layouts, or talking to GPUs other than through the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from aiohttp import web
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tessera.agent.backend import BackendError, DeviceBackend
+from tessera.agent.reconciler import ApplyResult, apply_layout
+from tessera.agent.status import build_status
+from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status
+from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
+
+AGENT_VERSION = "0.1.0"
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node_name: str
+    resync_seconds: float = 30.0
+    metrics_host: str = "0.0.0.0"  # a DaemonSet's metrics port listens on the pod IP
+    metrics_port: int | None = 9464  # None: no HTTP server
+    health_poll_seconds: float = 5.0
+
+
+class AgentMetrics:
+    """The agent's Prometheus metrics, in a registry of its own (several agents per test process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.passes = Counter("tessera_agent_reconcile_passes", "Reconcile passes, by result", ["result"], registry=r)
+        self.operations = Counter(
+            "tessera_agent_operations", "GPU operations run, by kind and result", ["kind", "result"], registry=r
+        )
+        self.pass_seconds = Histogram("tessera_agent_reconcile_seconds", "Time of one reconcile pass", registry=r)
+        self.gpus = Gauge("tessera_agent_gpus", "GPUs on this node, by health", ["health"], registry=r)
+        self.gpus_applied = Gauge("tessera_agent_gpus_applied", "GPUs whose layout matches the spec", registry=r)
+        self.gpus_blocked = Gauge("tessera_agent_gpus_blocked", "GPUs blocked, by reason", ["reason"], registry=r)
+        self.mig_instances = Gauge("tessera_agent_mig_instances", "MIG instances that exist", ["in_use"], registry=r)
+        self.health_events = Counter("tessera_agent_health_events", "GPU health events", ["kind"], registry=r)
+        self.status_writes = Counter("tessera_agent_status_writes", "NodeLayout status writes", registry=r)
+        self.last_pass = Gauge("tessera_agent_last_pass_timestamp_seconds", "End of the last pass", registry=r)
+
+    def observe(self, result: ApplyResult, status: NodeLayoutStatus) -> None:
+        for op in result.executed:
+            self.operations.labels(op.kind.value, "ok").inc()
+        for f in result.failures:
+            self.operations.labels(f.operation.kind.value, f.error.reason).inc()
+        for health in ("Healthy", "Unhealthy", "Lost"):
+            self.gpus.labels(health).set(sum(1 for g in status.gpus if g.health.value == health))
+        self.gpus_applied.set(sum(1 for g in status.gpus if g.applied))
+        reasons: dict[str, int] = {}
+        for p in result.plans:
+            for b in {b.reason.value for b in p.blockers}:
+                reasons[b] = reasons.get(b, 0) + 1
+        self.gpus_blocked.clear()
+        for reason, count in reasons.items():
+            self.gpus_blocked.labels(reason).set(count)
+        instances = [i for g in status.gpus for i in g.mig_instances]
+        self.mig_instances.labels("true").set(sum(1 for i in instances if i.in_use))
+        self.mig_instances.labels("false").set(sum(1 for i in instances if not i.in_use))
+        self.last_pass.set(time.time())
+
+
+class NodeAgent:
+    """One node's agent. ``run()`` until ``stop()``."""
+
+    def __init__(self, config: AgentConfig, backend: DeviceBackend, api_client: client.ApiClient) -> None:
+        self.config = config
+        self.backend = backend
+        self.api = api_client
+        self.metrics = AgentMetrics()
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._halt = threading.Event()  # the same, for the health thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._status: NodeLayoutStatus | None = None
+        self._last_write = 0.0
+        self._last_pass_done: float | None = None
+        self.http_port: int | None = None  # the bound port, once serving
+        self.passes = 0
+
+    # -- for the kubelet plugin and tests --
+
+    def request_resync(self) -> None:
+        """Reconcile soon. Safe to call from any thread."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def healthy(self) -> bool:
+        if self._last_pass_done is None:
+            return True  # starting
+        return time.monotonic() - self._last_pass_done < 3 * self.config.resync_seconds + 30
+
+    # -- the loop --
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        runner = await self._serve_http() if self.config.metrics_port is not None else None
+        health_thread = threading.Thread(target=self._health_events, name="gpu-health-events", daemon=True)
+        health_thread.start()
+        watcher = asyncio.create_task(self._watch(), name="nodelayout-watch")
+        try:
+            await self._ensure_layout()
+            while not self._stopping.is_set():
+                self._wake.clear()
+                await self.reconcile_once()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.config.resync_seconds)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            self._stopping.set()
+            self._halt.set()
+            await asyncio.to_thread(health_thread.join, 1.0)  # a daemon thread: a blocked wait does not hold exit
+            if runner is not None:
+                await runner.cleanup()
+
+    async def _ensure_layout(self) -> None:
+        delay = 1.0
+        while not self._stopping.is_set():
+            try:
+                await ensure_node_layout(self.api, self.config.node_name)
+                return
+            except (LookupError, ApiException) as e:
+                log.warning("cannot get or create the NodeLayout yet", node=self.config.node_name, error=str(e))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
+                delay = min(delay * 2, 30.0)
+
+    async def reconcile_once(self) -> NodeLayoutStatus | None:
+        """One pass: read the spec, apply it, write the status. Errors are logged, not raised."""
+        started = time.monotonic()
+        try:
+            obj = await get_node_layout(self.api, self.config.node_name)
+            if obj is None:
+                await self._ensure_layout()
+                obj = await get_node_layout(self.api, self.config.node_name)
+                if obj is None:
+                    return None
+            spec = NodeLayoutSpec.from_kube(obj.get("spec"))
+            previous = NodeLayoutStatus.from_kube(obj["status"]) if obj.get("status") else None
+            generation = obj["metadata"].get("generation")
+            result = await asyncio.to_thread(apply_layout, self.backend, spec)
+            status = build_status(
+                result.inventory,
+                spec,
+                result.plans,
+                backend=self.backend.name,
+                agent_version=AGENT_VERSION,
+                observed_generation=generation,
+                previous=previous,
+            )
+            heartbeat_due = time.monotonic() - self._last_write >= self.config.resync_seconds
+            if previous != status or heartbeat_due:
+                await write_node_layout_status(self.api, self.config.node_name, status.to_kube())
+                self._last_write = time.monotonic()
+                self.metrics.status_writes.inc()
+            self._status = status
+            self.metrics.observe(result, status)
+            self.metrics.passes.labels("ok").inc()
+            self._last_pass_done = time.monotonic()
+            self.passes += 1
+            if result.executed or result.failures:
+                log.info(
+                    "reconciled",
+                    executed=len(result.executed),
+                    failed=len(result.failures),
+                    blocked=[b.message for p in result.plans for b in p.blockers],
+                )
+            return status
+        except (ApiException, BackendError, LookupError, OSError) as e:
+            log.warning("reconcile pass failed; retrying at the next resync", error=str(e))
+            self.metrics.passes.labels("error").inc()
+            return None
+        finally:
+            self.metrics.pass_seconds.observe(time.monotonic() - started)
+
+    async def _watch(self) -> None:
+        """Wake the loop when the NodeLayout changes; the watch restarts when the server ends it."""
+        while not self._stopping.is_set():
+            try:
+                async for kind, obj in watch_node_layout(self.api, self.config.node_name):
+                    status_only = self._status is not None and obj.get("metadata", {}).get(
+                        "generation"
+                    ) == self._status.observed_generation
+                    if kind == "DELETED" or not status_only:
+                        self._wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a broken watch is logged and restarted, never fatal
+                log.warning("NodeLayout watch ended", error=str(e))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=2.0)
+
+    def _health_events(self) -> None:
+        """Thread: block on the backend's health events, count them, wake the loop."""
+        while not self._halt.is_set():
+            try:
+                events = self.backend.wait_health_events(self.config.health_poll_seconds)
+            except BackendError as e:
+                log.warning("GPU health events unavailable", error=str(e))
+                self._halt.wait(self.config.health_poll_seconds)
+                continue
+            for event in events:
+                self.metrics.health_events.labels(event.kind.value).inc()
+                log.warning(
+                    "GPU health event", gpu=event.gpu_uuid, kind=event.kind.value, xid=event.xid, fatal=event.fatal
+                )
+            if events:
+                self.request_resync()
+
+    # -- HTTP --
+
+    async def _serve_http(self) -> web.AppRunner:
+        app = web.Application()
+
+        async def healthz(_: web.Request) -> web.Response:
+            ok = self.healthy
+            return web.Response(status=200 if ok else 503, text="ok\n" if ok else "no reconcile pass lately\n")
+
+        async def metrics(_: web.Request) -> web.Response:
+            body = generate_latest(self.metrics.registry)
+            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port)
+        await site.start()
+        server: Any = site._server  # aiohttp keeps the bound socket here; port 0 picks a free one
+        self.http_port = server.sockets[0].getsockname()[1] if server is not None else self.config.metrics_port
+        log.info("serving metrics and health", port=self.http_port)
+        return runner

@@ -1,0 +1,136 @@
+"""``tessera agent``: run the node agent of one node (a DaemonSet pod, or a local process).
+
+Every flag has an environment variable (``TESSERA_NODE_NAME`` for ``--node-name`` and so on);
+a flag wins over its variable. Configures logging once, builds the backend, runs
+``NodeAgent`` until SIGTERM/SIGINT. Not for: the agent's logic (``tessera.agent``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import structlog
+
+from tessera.agent.backend import DeviceBackend
+from tessera.agent.service import AgentConfig, NodeAgent
+from tessera.agent.simulated import SimulatedBackend
+from tessera.kube.client import make_api_client
+from tessera.log import configure_logging
+
+log = structlog.get_logger(__name__)
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"TESSERA_{name}", default)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-name", default=_env("NODE_NAME"), help="this node's name (TESSERA_NODE_NAME)")
+    parser.add_argument(
+        "--backend",
+        choices=("nvml", "simulated"),
+        default=_env("BACKEND", "nvml"),
+        help="how GPUs are reached (TESSERA_BACKEND, default nvml)",
+    )
+    parser.add_argument(
+        "--simulate",
+        default=_env("SIMULATE"),
+        metavar="SPEC",
+        help="simulated GPUs, e.g. 4xH100-80GB,2xA100-80GB (TESSERA_SIMULATE); implies --backend simulated",
+    )
+    parser.add_argument(
+        "--state-file",
+        default=_env("STATE_FILE"),
+        type=Path,
+        help="keep the simulated hardware in this file, so it outlives the process (TESSERA_STATE_FILE)",
+    )
+    parser.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="default: $KUBECONFIG, else in-cluster")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "9464") or "9464"),
+        help="/metrics and /healthz port, 0 for any free port, -1 for none (TESSERA_METRICS_PORT)",
+    )
+    parser.add_argument(
+        "--metrics-host", default=_env("METRICS_HOST", "0.0.0.0"), help="address to listen on (TESSERA_METRICS_HOST)"
+    )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=float(_env("RESYNC_SECONDS", "30") or "30"),
+        help="reconcile and heartbeat at least this often (TESSERA_RESYNC_SECONDS)",
+    )
+    parser.add_argument(
+        "--mps-root", default=_env("MPS_ROOT", "/run/tessera/mps"), help="MPS pipe and log folders (TESSERA_MPS_ROOT)"
+    )
+    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="TESSERA_LOG_LEVEL")
+    parser.add_argument(
+        "--log-json",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="JSON logs (default: pretty on a terminal, JSON otherwise)",
+    )
+
+
+def make_backend(args: argparse.Namespace) -> DeviceBackend:
+    """The backend the flags ask for. Raises ValueError with a fix when they do not fit."""
+    if args.simulate or args.backend == "simulated":
+        if not args.simulate:
+            raise ValueError("--backend simulated needs --simulate SPEC, e.g. --simulate 2xH100-80GB")
+        return SimulatedBackend.from_spec(args.node_name, args.simulate, args.state_file, args.mps_root)
+    from tessera.agent.nvml import NvmlBackend
+
+    return NvmlBackend(mps_root=args.mps_root)
+
+
+async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
+    api = await make_api_client(args.kubeconfig)
+    config = AgentConfig(
+        node_name=args.node_name,
+        resync_seconds=args.resync_seconds,
+        metrics_host=args.metrics_host,
+        metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+    )
+    agent = NodeAgent(config, backend, api)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.stop)
+    try:
+        await agent.run()
+    finally:
+        await api.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, args.log_json)
+    if not args.node_name:
+        log.error("no node name: pass --node-name or set TESSERA_NODE_NAME (in a pod: the downward API spec.nodeName)")
+        return 2
+    try:
+        backend = make_backend(args)
+    except ValueError as e:
+        log.error("bad agent settings", error=str(e))
+        return 2
+    structlog.contextvars.bind_contextvars(node=args.node_name)
+    log.info("starting the node agent", backend=backend.name, inventory=len(backend.inventory().gpus))
+    try:
+        asyncio.run(_serve(args, backend))
+    finally:
+        with contextlib.suppress(Exception):
+            backend.close()
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="tessera agent")
+    add_arguments(parser)
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""The few API calls for NodeLayout objects (``tessera.dev/v1alpha1``, cluster-scoped).
+
+Get, create (owned by its Node, so it goes with the Node), write status through the status
+subresource with optimistic concurrency and conflict retry, and watch one object by name.
+Used by the node agent; the operator may reuse them. Not for: deciding what a layout or a
+status says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+
+GROUP = "tessera.dev"
+VERSION = "v1alpha1"
+PLURAL = "nodelayouts"
+KIND = "NodeLayout"
+
+
+class StatusConflictError(Exception):
+    """The status could not be written: the object kept changing under us."""
+
+
+def _api(api_client: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client)
+
+
+async def get_node_layout(api_client: client.ApiClient, name: str) -> dict[str, Any] | None:
+    """The NodeLayout called ``name`` as the API returns it, or None when there is none."""
+    try:
+        obj: dict[str, Any] = await _api(api_client).get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return obj
+
+
+async def get_node(api_client: client.ApiClient, name: str) -> Any | None:
+    """The Node (a V1Node) or None."""
+    try:
+        return await client.CoreV1Api(api_client).read_node(name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def node_layout_manifest(node_name: str, node_uid: str) -> dict[str, Any]:
+    """An empty NodeLayout for a node, owned by that Node."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {
+            "name": node_name,
+            "labels": {"app.kubernetes.io/managed-by": "tessera"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_uid, "blockOwnerDeletion": False}
+            ],
+        },
+        "spec": {"gpus": []},
+    }
+
+
+async def ensure_node_layout(api_client: client.ApiClient, node_name: str) -> dict[str, Any]:
+    """The node's NodeLayout; created (owned by the Node) when missing. Raises LookupError when
+    the Node itself does not exist, since an object without its owner would be collected."""
+    existing = await get_node_layout(api_client, node_name)
+    if existing is not None:
+        return existing
+    node = await get_node(api_client, node_name)
+    if node is None:
+        raise LookupError(f"Node {node_name!r} does not exist; start the agent with the node's own name")
+    try:
+        created: dict[str, Any] = await _api(api_client).create_cluster_custom_object(
+            GROUP, VERSION, PLURAL, node_layout_manifest(node_name, node.metadata.uid)
+        )
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        again = await get_node_layout(api_client, node_name)  # somebody else created it meanwhile
+        if again is None:
+            raise
+        return again
+    return created
+
+
+async def write_node_layout_status(
+    api_client: client.ApiClient, name: str, status: dict[str, Any], attempts: int = 5
+) -> dict[str, Any]:
+    """Replace ``status`` through the status subresource. Uses the resourceVersion read just
+    before, and on a conflict (409) reads again and retries, up to ``attempts`` times."""
+    api = _api(api_client)
+    for attempt in range(attempts):
+        current = await get_node_layout(api_client, name)
+        if current is None:
+            raise LookupError(f"NodeLayout {name!r} is gone")
+        body = {
+            "apiVersion": current["apiVersion"],
+            "kind": current["kind"],
+            "metadata": {"name": name, "resourceVersion": current["metadata"]["resourceVersion"]},
+            "status": status,
+        }
+        try:
+            written: dict[str, Any] = await api.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, name, body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            await asyncio.sleep(0.05 * 2**attempt)
+            continue
+        return written
+    raise StatusConflictError(f"NodeLayout {name!r}: status kept conflicting after {attempts} attempts")
+
+
+async def watch_node_layout(
+    api_client: client.ApiClient, name: str, timeout_seconds: int = 300
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """(event type, object) for changes of the NodeLayout called ``name``, until the server
+    ends the watch (after ``timeout_seconds``); the caller loops."""
+    w = watch.Watch()
+    try:
+        async with w.stream(
+            _api(api_client).list_cluster_custom_object,
+            GROUP,
+            VERSION,
+            PLURAL,
+            field_selector=f"metadata.name={name}",
+            timeout_seconds=timeout_seconds,
+        ) as stream:
+            async for event in stream:
+                yield event["type"], event["object"]
+    finally:
+        w.stop()
