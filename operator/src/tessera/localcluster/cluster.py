@@ -308,7 +308,7 @@ class LocalCluster:
         return created
 
 
-async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1,  # noqa: ASYNC109 - a polling deadline, not a cancel scope
+async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1,
                    message: str = "condition") -> Any:
     """Await ``predicate()`` (sync or async) until it returns something truthy; return that."""
     deadline = time.monotonic() + timeout

@@ -1,0 +1,43 @@
+"""``tessera operator``: run the Kopf operator (policies → NodeLayouts → ResourceSlices).
+
+Logging is configured once here; the health probe is Kopf's liveness endpoint and metrics
+are served by prometheus_client. Flags have ``TESSERA_*`` environment equivalents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+
+import kopf
+from prometheus_client import start_http_server
+
+from tessera.log import configure_logging
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    env = os.environ.get
+    parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: $KUBECONFIG, else in-cluster")
+    parser.add_argument("--health-port", type=int, default=int(env("TESSERA_HEALTH_PORT", "8080")),
+                        help="liveness probe at /healthz (0: off)")
+    parser.add_argument("--metrics-port", type=int, default=int(env("TESSERA_METRICS_PORT", "9090")),
+                        help="Prometheus metrics at /metrics (0: off)")
+    parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "info"))
+    parser.add_argument("--log-json", action="store_true", default=env("TESSERA_LOG_JSON") == "1",
+                        help="JSON logs even on a terminal")
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, json=True if args.log_json else None)
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr="0.0.0.0")  # scraped from the pod network
+    from tessera.controller.handlers import registry  # imports kopf handlers only when running
+
+    liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
+    asyncio.run(
+        kopf.operator(registry=registry, clusterwide=True, standalone=True, liveness_endpoint=liveness)
+    )
+    return 0

@@ -1,0 +1,167 @@
+"""What the operator wants for one node: the NodeLayout.spec to write, the GPUs that must
+drain first, and the Pods to evict when a drain in ``Evict`` mode times out.
+
+Pure: the fleet view and a clock in, a :class:`NodeDecision` out. Allocated devices count
+as in use for the planner, so a new layout keeps allocated MIG instances where it can; a
+GPU whose new layout would still change or remove an allocated device keeps its old layout
+and drains: its changing devices are tainted and the new layout waits until no claim holds
+them. Not for: I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from tessera.controller.state import ClaimHold, DrainState, Fleet, NodeView
+from tessera.dra.devices import build_gpu_devices
+from tessera.models.devices import DeviceKind, DeviceRef
+from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec
+from tessera.models.policy import DrainMode, DrainSpec, Strategy
+from tessera.planner.fleet import FleetPlan, GpuPlan, NodeInventory, plan_fleet
+from tessera.planner.gpu import PlanErrorReason
+
+
+@dataclass(frozen=True)
+class GpuDecision:
+    uuid: str
+    index: int
+    policy: str | None
+    target: GpuLayout | None  # the layout the policy wants (None: it cannot be planned)
+    written: GpuLayout | None  # what NodeLayout.spec holds for the GPU after this decision
+    error: str | None = None
+    drain: DrainState | None = None
+
+    @property
+    def settled(self) -> bool:
+        """The spec holds the wanted layout (no error, no drain pending)."""
+        return self.error is None and self.drain is None and self.target is not None and self.written == self.target
+
+
+@dataclass(frozen=True)
+class NodeDecision:
+    node: str
+    spec: NodeLayoutSpec
+    gpus: tuple[GpuDecision, ...]
+    plan: FleetPlan
+    evict: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def drains(self) -> dict[str, DrainState]:
+        return {g.uuid: g.drain for g in self.gpus if g.drain is not None}
+
+    @property
+    def draining_devices(self) -> frozenset[str]:
+        return frozenset(d for g in self.gpus if g.drain is not None for d in g.drain.devices)
+
+
+def published_device_names(gpu: GpuStatus) -> frozenset[str]:
+    """The devices Tessera publishes for ``gpu`` as it is now."""
+    return frozenset(str(d["name"]) for d in build_gpu_devices(gpu).devices)
+
+
+def _sharing(layout: GpuLayout | GpuStatus) -> tuple[object, ...]:
+    return (layout.strategy, layout.mig_sharing, layout.time_slicing, layout.mps)
+
+
+def affected_devices(gpu: GpuStatus, published: frozenset[str], target: GpuLayout) -> frozenset[str]:
+    """Published devices of ``gpu`` that ``target`` changes or removes.
+
+    A change of strategy or of how devices are shared changes every device; within static
+    MIG only the instances the new layout drops; otherwise nothing."""
+    if _sharing(gpu) != _sharing(target):
+        return published
+    if target.strategy is Strategy.MIG:
+        kept = {DeviceRef(DeviceKind.MIG, gpu.index, i.profile, i.start).name for i in target.mig_instances}
+        return published - kept
+    return frozenset()
+
+
+def _with_allocations(gpu: GpuStatus, held: Collection[str]) -> GpuStatus:
+    """``gpu`` with every allocated device marked in use, for the planner."""
+    if not held:
+        return gpu
+    instances = [
+        i.model_copy(update={"in_use": True})
+        if DeviceRef(DeviceKind.DYNAMIC_MIG if i.dynamic else DeviceKind.MIG, gpu.index, i.profile, i.start).name
+        in held
+        else i
+        for i in gpu.mig_instances
+    ]
+    whole = DeviceRef(DeviceKind.GPU, gpu.index).name in held
+    return gpu.model_copy(update={"mig_instances": instances, "in_use": gpu.in_use or whole})
+
+
+def decide_node(
+    fleet: Fleet, node: str, now: float, previous_drains: Mapping[str, DrainState] | None = None
+) -> NodeDecision | None:
+    """The decision for ``node``, or None when it has no NodeLayout (no agent) yet."""
+    view = fleet.nodes.get(node)
+    if view is None or view.layout is None:
+        return None
+    status = view.layout.status
+    gpus = list(status.gpus) if status is not None else []
+    holders = fleet.holders(node)
+    planned = [_with_allocations(g, [d for d in published_device_names(g) if d in holders]) for g in gpus]
+    plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)])
+    current = view.layout.spec
+    drains = dict(previous_drains or {})
+    decisions: list[GpuDecision] = []
+    evict: set[tuple[str, str]] = set()
+    for gpu_plan, gpu in zip(plan.for_node(node), sorted(gpus, key=lambda g: (g.index, g.uuid)), strict=True):
+        decision = _decide_gpu(fleet, view, gpu_plan, gpu, current.for_gpu(gpu.uuid), holders, drains, now)
+        decisions.append(decision)
+        drain = decision.drain
+        if drain is not None and drain.timed_out and _drain_spec(fleet, decision).mode is DrainMode.EVICT:
+            for claim in drain.claims:
+                hold = fleet.claims.get(claim)
+                evict.update(hold.pods if hold else ())
+    spec = NodeLayoutSpec(gpus=sorted((d.written for d in decisions if d.written is not None), key=lambda g: g.uuid))
+    return NodeDecision(node, spec, tuple(decisions), plan, tuple(sorted(evict)))
+
+
+def _drain_spec(fleet: Fleet, decision: GpuDecision) -> DrainSpec:
+    policy = fleet.policies.get(decision.policy or "")
+    return policy.spec.drain if policy is not None else DrainSpec()
+
+
+def _decide_gpu(
+    fleet: Fleet,
+    view: NodeView,
+    gpu_plan: GpuPlan,
+    gpu: GpuStatus,
+    current: GpuLayout | None,
+    holders: Mapping[str, list[ClaimHold]],
+    drains: Mapping[str, DrainState],
+    now: float,
+) -> GpuDecision:
+    target = gpu_plan.layout
+    error = None
+    if target is None and gpu_plan.error is not None:
+        if gpu_plan.error.reason is PlanErrorReason.BLOCKED and gpu_plan.error.when_idle is not None:
+            target = gpu_plan.error.when_idle  # wanted once the devices in the way are free
+        else:
+            error = str(gpu_plan.error)
+    base = GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, current, error)
+    if target is None or target == current:
+        return base
+    changed = affected_devices(gpu, published_device_names(gpu), target)
+    held_by = sorted({h.key for d in changed for h in holders.get(d, [])})
+    if not held_by:
+        return GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, target, error)
+    previous = drains.get(gpu.uuid)
+    since = previous.since if previous is not None and previous.target == target else now
+    policy = fleet.policies.get(gpu_plan.policy or "")
+    timeout = (policy.spec.drain if policy is not None else DrainSpec()).timeout_seconds
+    drain = DrainState(
+        node=view.name,
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        policy=gpu_plan.policy,
+        target=target,
+        devices=changed,
+        claims=tuple(held_by),
+        since=since,
+        timed_out=now - since >= timeout,
+    )
+    return GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, current, error, drain)

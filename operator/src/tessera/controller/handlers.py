@@ -1,0 +1,121 @@
+"""Kopf handlers: thin adapters from watch events to the :class:`Controller`.
+
+SharingPolicies get create/update/resume/delete handlers (Kopf keeps its small bookkeeping
+in ``tessera.dev/`` annotations, never in our structural status); Nodes, NodeLayouts and
+ResourceClaims get plain event handlers, which store nothing on the objects — NodeLayouts
+can be large, and claims are not ours to annotate. Settings live in the one startup handler.
+Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+
+from tessera import API_GROUP
+from tessera.controller.runtime import Controller
+from tessera.kube.client import make_api_client
+from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
+
+registry = kopf.OperatorRegistry()
+
+
+def _controller(memo: Any) -> Controller:
+    controller: Controller = memo.controller
+    return controller
+
+
+@kopf.on.login(registry=registry)
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    if os.environ.get("KUBECONFIG"):
+        return kopf.login_with_kubeconfig(**kwargs)
+    return kopf.login_with_service_account(**kwargs)
+
+
+@kopf.on.startup(registry=registry)
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=API_GROUP, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{API_GROUP}/operator"
+    settings.posting.level = logging.WARNING  # our own events say what matters
+    settings.peering.standalone = True  # one active replica (Deployment strategy Recreate)
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+    api_client = await make_api_client(os.environ.get("KUBECONFIG"))
+    controller = Controller(Api(api_client))
+    memo.controller = controller
+    memo.api_client = api_client
+    await controller.start()
+
+
+@kopf.on.cleanup(registry=registry)
+async def cleanup(memo: Any, **_: Any) -> None:
+    if getattr(memo, "controller", None) is not None:
+        await _controller(memo).stop()
+        await memo.api_client.close()
+
+
+# -- SharingPolicies ---------------------------------------------------------------------
+
+
+@kopf.on.resume(*POLICIES, registry=registry)
+@kopf.on.create(*POLICIES, registry=registry)
+@kopf.on.update(*POLICIES, registry=registry)
+async def policy_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
+    controller = _controller(memo)
+    controller.fleet.set_policy(dict(body))
+    controller.enqueue_all()
+    controller.status_changed()
+
+
+@kopf.on.delete(*POLICIES, registry=registry)
+async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
+    controller = _controller(memo)
+    controller.fleet.remove_policy(name)
+    controller.enqueue_all()  # its GPUs fall back to the next policy, or to Exclusive
+
+
+# -- Nodes, NodeLayouts, ResourceClaims ----------------------------------------------------
+
+
+@kopf.on.event("", "v1", "nodes", registry=registry)
+async def node_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    controller = _controller(memo)
+    body = event["object"]
+    name = body["metadata"]["name"]
+    if event["type"] == "DELETED":
+        controller.enqueue(name)
+        controller.fleet.nodes.pop(name, None)
+        return
+    if controller.fleet.set_node(body):
+        controller.enqueue(name)
+
+
+@kopf.on.event(*LAYOUTS, registry=registry)
+async def layout_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    controller = _controller(memo)
+    body = event["object"]
+    name = body["metadata"]["name"]
+    if event["type"] == "DELETED":
+        controller.fleet.remove_layout(name)
+    else:
+        controller.fleet.set_layout(body)
+    controller.enqueue(name)
+
+
+@kopf.on.event(*CLAIMS, registry=registry)
+async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    controller = _controller(memo)
+    body = event["object"]
+    meta = body["metadata"]
+    if event["type"] == "DELETED":
+        nodes = controller.fleet.remove_claim(meta.get("namespace", ""), meta["name"])
+    else:
+        nodes = controller.fleet.set_claim(body)
+    controller.enqueue(*sorted(nodes))

@@ -1,0 +1,153 @@
+"""SharingPolicy status from the operator's decisions: counts, conflicts, what drains wait
+for, and the conditions Ready / Progressing / Degraded (Kubernetes conventions).
+
+Pure. ``lastTransitionTime`` moves only when a condition's status changes, so a resync that
+finds nothing new produces an identical status and no write.
+Not for: writing the status (the handlers do that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tessera.controller.decide import GpuDecision, NodeDecision
+from tessera.controller.state import Fleet
+from tessera.models.conditions import ConditionStatus, set_condition
+from tessera.models.policy import PolicyConflict, SharingPolicy, SharingPolicyStatus
+
+MAX_LISTED = 20
+
+
+@dataclass(frozen=True)
+class PolicyTally:
+    nodes: int
+    gpus: int
+    applied: int
+    devices: int
+    conflicts: tuple[PolicyConflict, ...]
+    errors: tuple[str, ...]
+    draining: tuple[str, ...]
+    timed_out: tuple[str, ...]
+
+
+def _applied(fleet: Fleet, node: str, decision: GpuDecision) -> bool:
+    """The agent reports the wanted layout as applied for the current NodeLayout generation."""
+    if not decision.settled:
+        return False
+    view = fleet.nodes.get(node)
+    layout = view.layout if view is not None else None
+    if layout is None or layout.status is None:
+        return False
+    status = layout.status
+    if status.observed_generation is None or status.observed_generation != layout.metadata.generation:
+        return False
+    gpu = status.gpu(decision.uuid)
+    return gpu is not None and gpu.applied and gpu.strategy == (decision.target.strategy if decision.target else None)
+
+
+def tally(
+    fleet: Fleet, policy: str, decisions: Iterable[NodeDecision], spec_pending: Mapping[str, bool]
+) -> PolicyTally:
+    """Counts for ``policy`` over every node's latest decision. ``spec_pending``: nodes whose
+    new NodeLayout.spec is not written yet (their GPUs count as not applied)."""
+    nodes: set[str] = set()
+    gpus = applied = devices = 0
+    conflicts: list[PolicyConflict] = []
+    errors: list[str] = []
+    draining: list[str] = []
+    timed_out: list[str] = []
+    for decision in sorted(decisions, key=lambda d: d.node):
+        conflicts.extend(decision.plan.conflicts_of(policy))
+        if policy in decision.plan.policy_errors:
+            errors.append(decision.plan.policy_errors[policy])
+        for gpu in decision.gpus:
+            if gpu.policy != policy:
+                continue
+            nodes.add(decision.node)
+            gpus += 1
+            devices += fleet.published_by_gpu.get((decision.node, gpu.uuid), 0)
+            if gpu.error:
+                errors.append(f"{decision.node} GPU {gpu.index}: {gpu.error}")
+            if gpu.drain is not None:
+                (timed_out if gpu.drain.timed_out else draining).append(gpu.drain.describe())
+            if not spec_pending.get(decision.node, False) and _applied(fleet, decision.node, gpu):
+                applied += 1
+    return PolicyTally(
+        len(nodes), gpus, applied, devices, tuple(conflicts), tuple(dict.fromkeys(errors)), tuple(draining),
+        tuple(timed_out),
+    )
+
+
+def _first(items: tuple[str, ...], limit: int = 3) -> str:
+    more = len(items) - limit
+    return "; ".join(items[:limit]) + (f"; and {more} more" if more > 0 else "")
+
+
+def policy_status(
+    policy: SharingPolicy, t: PolicyTally, previous: SharingPolicyStatus | None, parse_error: str | None = None
+) -> SharingPolicyStatus:
+    """The status to write for ``policy``."""
+    generation = policy.metadata.generation
+    conditions = list(previous.conditions) if previous is not None else []
+    problems = ((parse_error,) if parse_error else ()) + t.errors
+    if problems:
+        conditions = set_condition(conditions, "Degraded", True, "PlanFailed", _first(problems), generation)
+    elif t.timed_out:
+        conditions = set_condition(
+            conditions, "Degraded", True, "DrainTimeout",
+            f"drain timed out, still waiting for {_first(t.timed_out)}", generation,
+        )
+    else:
+        conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", generation)
+
+    waiting = t.draining + t.timed_out
+    if waiting:
+        conditions = set_condition(
+            conditions, "Progressing", True, "Draining", f"waiting for {_first(waiting)}", generation
+        )
+    elif t.applied < t.gpus:
+        conditions = set_condition(
+            conditions, "Progressing", True, "Applying", f"{t.applied}/{t.gpus} GPUs applied", generation
+        )
+    else:
+        conditions = set_condition(conditions, "Progressing", False, "Stable", "", generation)
+
+    where = f"{t.gpus} GPU{'s' if t.gpus != 1 else ''} on {t.nodes} node{'s' if t.nodes != 1 else ''}"
+    if t.gpus == 0:
+        reason, message, ready = "NoMatchingGPUs", "the policy selects no GPU that it wins", False
+    elif t.applied == t.gpus:
+        reason, message, ready = "Applied", f"{t.applied}/{where}", True
+    else:
+        reason = "Degraded" if problems or t.timed_out else ("Draining" if waiting else "Applying")
+        message, ready = f"{t.applied}/{where} applied", False
+    conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
+    order = {"Ready": 0, "Progressing": 1, "Degraded": 2}
+    conditions.sort(key=lambda c: order.get(c.type, 9))
+    return SharingPolicyStatus(
+        observed_generation=generation,
+        conditions=conditions,
+        nodes=t.nodes,
+        gpus=t.gpus,
+        gpus_applied=t.applied,
+        devices_published=t.devices,
+        conflicts=len(t.conflicts),
+        conflicting=list(t.conflicts[:MAX_LISTED]),
+        draining=list(waiting[:50]),
+    )
+
+
+def transitions(before: SharingPolicyStatus | None, after: SharingPolicyStatus) -> list[tuple[str, str, str]]:
+    """Events worth posting: (type, reason, message) for conditions whose status changed."""
+    old = {c.type: c.status for c in (before.conditions if before else [])}
+    out = []
+    for c in after.conditions:
+        if old.get(c.type) == c.status:
+            continue
+        if c.type == "Ready" and c.status is ConditionStatus.TRUE:
+            out.append(("Normal", c.reason, c.message))
+        elif c.type == "Degraded" and c.status is ConditionStatus.TRUE:
+            out.append(("Warning", c.reason, c.message))
+        elif c.type == "Progressing" and c.status is ConditionStatus.TRUE and c.reason == "Draining":
+            out.append(("Normal", "Draining", c.message))
+    return out

@@ -1,0 +1,283 @@
+"""The operator's work loop: one queue of node names, one reconcile per node at a time.
+
+Watch events (from the Kopf handlers in ``tessera.controller.handlers``) update the
+:class:`~tessera.controller.state.Fleet` and enqueue the nodes they touch; the loop decides
+(pure), then writes only what differs: NodeLayout.spec, the node's ResourceSlices (the
+fewest writes, see ``tessera.dra.diff``), evictions for timed-out ``Evict`` drains, and —
+debounced — every SharingPolicy status. Failed reconciles are retried with backoff.
+Not for: deciding (``decide``, ``policystatus``) or building slices (``tessera.dra``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import structlog
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import Counter, Gauge, Histogram
+
+from tessera.controller.decide import NodeDecision, decide_node
+from tessera.controller.policystatus import policy_status, tally, transitions
+from tessera.controller.state import DrainState, Fleet
+from tessera.dra.devices import build_gpu_devices
+from tessera.dra.diff import orphaned_slices, plan_slice_writes
+from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, build_node_slices
+from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
+from tessera.models.policy import SharingPolicyStatus
+
+log = structlog.get_logger("tessera.operator")
+
+RECONCILES = Counter("tessera_operator_reconciles_total", "Node reconciles", ["result"])
+RECONCILE_SECONDS = Histogram("tessera_operator_reconcile_seconds", "Time to reconcile one node")
+API_WRITES = Counter("tessera_operator_api_writes_total", "API writes the operator made", ["what"])
+STATUS_PASSES = Counter("tessera_operator_policy_status_passes", "Passes over every SharingPolicy status")
+DRAINING = Gauge("tessera_operator_draining_gpus", "GPUs waiting for claims to release their devices")
+
+class Controller:
+    """Owns the fleet view, the queue, and every write."""
+
+    def __init__(self, api: Api, fleet: Fleet | None = None) -> None:
+        self.api = api
+        self.fleet = fleet or Fleet()
+        self.decisions: dict[str, NodeDecision] = {}
+        self.slices: dict[str, list[dict[str, Any]]] = {}  # pool -> our slices as the API returned them
+        self.evicted: set[tuple[str, str]] = set()
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._status_dirty = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self.ready = asyncio.Event()
+
+    # -- queue -----------------------------------------------------------------------------
+
+    def enqueue(self, *nodes: str) -> None:
+        for node in nodes:
+            if node not in self._queued:
+                self._queued.add(node)
+                self._queue.put_nowait(node)
+
+    def enqueue_all(self) -> None:
+        self.enqueue(*sorted(self.fleet.nodes))
+
+    def status_changed(self) -> None:
+        self._status_dirty.set()
+
+    def _later(self, node: str, delay: float) -> None:
+        if (old := self._timers.pop(node, None)) is not None:
+            old.cancel()
+        self._timers[node] = asyncio.get_running_loop().call_later(delay, self.enqueue, node)
+
+    async def start(self) -> None:
+        await self.prime()
+        await self._load_slices()
+        await self.remove_orphans()
+        self._tasks = [
+            asyncio.create_task(self._work(), name="tessera-reconcile"),
+            asyncio.create_task(self._write_statuses(), name="tessera-policy-status"),
+        ]
+        self.ready.set()
+
+    async def stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def prime(self) -> None:
+        """Read every policy, node, NodeLayout and claim before the first decision.
+
+        Deciding on a partial view would be wrong in the worst way: without the policies a
+        restart would rewrite every node to Exclusive, and without the claims it would hand
+        over layouts that remove allocated partitions. Watch events keep the view fresh later."""
+        for body in await self.api.list_all(*POLICIES):
+            self.fleet.set_policy(body)
+        for body in await self.api.list_nodes():
+            self.fleet.set_node(body)
+        for body in await self.api.list_all(*LAYOUTS):
+            self.fleet.set_layout(body)
+        for body in await self.api.list_all(*CLAIMS):
+            self.fleet.set_claim(body)
+        self.enqueue_all()
+        log.info("read the cluster", policies=len(self.fleet.policies), nodes=len(self.fleet.nodes),
+                 gpu_nodes=len(self.fleet.gpu_nodes()), claims=len(self.fleet.claims))
+
+    async def _load_slices(self) -> None:
+        for item in await self.api.list_slices(f"{MANAGED_BY_LABEL}={MANAGED_BY}"):
+            pool = item.get("spec", {}).get("pool", {}).get("name", "")
+            self.slices.setdefault(pool, []).append(item)
+
+    async def remove_orphans(self) -> None:
+        """Delete our slices whose node no longer exists (the node went while we were away)."""
+        nodes = await self.api.list_node_names()
+        everything = [s for pool in self.slices.values() for s in pool]
+        for ref in orphaned_slices(everything, nodes):
+            await self._write("resourceslice/delete", self.api.delete_slice(ref.name, ref.uid))
+            log.info("deleted orphaned ResourceSlice", slice=ref.name)
+        for pool in [p for p in self.slices if p not in nodes]:
+            del self.slices[pool]
+
+    async def _write(self, what: str, call: Awaitable[Any]) -> Any:
+        API_WRITES.labels(what).inc()
+        return await call
+
+    async def _work(self) -> None:
+        while True:
+            node = await self._queue.get()
+            self._queued.discard(node)
+            started = time.perf_counter()
+            try:
+                await self.reconcile(node)
+            except ApiException as exc:
+                self._retry(node, f"API error {exc.status}: {exc.reason}")
+            except Exception as exc:  # a bug must not stop the loop for every other node
+                log.exception("reconcile failed", node=node)
+                self._retry(node, repr(exc))
+            else:
+                self._failures.pop(node, None)
+                RECONCILES.labels("ok").inc()
+            finally:
+                RECONCILE_SECONDS.observe(time.perf_counter() - started)
+
+    def _retry(self, node: str, why: str) -> None:
+        RECONCILES.labels("error").inc()
+        count = self._failures[node] = self._failures.get(node, 0) + 1
+        delay = min(0.5 * 2 ** (count - 1), 60.0)
+        log.warning("reconcile will be retried", node=node, why=why, retry_in=delay)
+        self._later(node, delay)
+
+    # -- one node --------------------------------------------------------------------------
+
+    async def reconcile(self, node: str) -> None:
+        view = self.fleet.nodes.get(node)
+        if view is None:
+            await self._forget(node)
+            return
+        previous = self.decisions.get(node)
+        decision = decide_node(self.fleet, node, time.monotonic(), previous.drains if previous else None)
+        if decision is None:  # no agent has reported here (yet): nothing of ours should be published
+            await self._publish(node, view.uid, None, frozenset())
+            self.decisions.pop(node, None)
+            self.status_changed()
+            return
+        layout = view.layout
+        assert layout is not None  # decide_node returned a decision
+        if decision.spec != layout.spec:
+            body = await self._write(
+                "nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube())
+            )
+            self.fleet.set_layout(body)
+            log.info("wrote NodeLayout spec", node=node, gpus=len(decision.spec.gpus))
+        await self._publish(node, view.uid, layout.status, decision.draining_devices)
+        for namespace, pod in decision.evict:
+            if (namespace, pod) not in self.evicted and await self._write(
+                "pod/eviction", self.api.evict_pod(namespace, pod)
+            ):
+                self.evicted.add((namespace, pod))
+                log.info("evicted a Pod to finish a drain", pod=f"{namespace}/{pod}", node=node)
+        for drain in decision.drains.values():
+            if not drain.timed_out:
+                self._later(node, self._drain_deadline(drain) - time.monotonic() + 0.05)
+        if previous is None or previous.drains.keys() != decision.drains.keys():
+            for uuid, drain in decision.drains.items():
+                if previous is None or uuid not in previous.drains:
+                    log.info("draining GPU before changing its layout", node=node, gpu=drain.gpu_index,
+                             waiting_for=drain.describe())
+        self.decisions[node] = decision
+        DRAINING.set(sum(len(d.drains) for d in self.decisions.values()))
+        self.status_changed()
+
+    def _drain_deadline(self, drain: DrainState) -> float:
+        policy = self.fleet.policies.get(drain.policy or "")
+        return drain.since + (policy.spec.drain.timeout_seconds if policy is not None else 3600.0)
+
+    async def _publish(self, node: str, uid: str, status: Any, draining: frozenset[str]) -> None:
+        desired = build_node_slices(NodeRef(node, uid), status, draining)
+        existing = self.slices.get(node, [])
+        plan = plan_slice_writes(node, desired, existing)
+        if status is not None:
+            for gpu in status.gpus:
+                self.fleet.published_by_gpu[(node, gpu.uuid)] = len(build_gpu_devices(gpu, draining).devices)
+        if not (plan.creates or plan.updates or plan.deletes):
+            return
+        current = {s["metadata"]["name"]: s for s in existing}
+        for ref in plan.deletes:
+            await self._write("resourceslice/delete", self.api.delete_slice(ref.name, ref.uid))
+            current.pop(ref.name, None)
+        for body in plan.updates:
+            try:
+                current[body["metadata"]["name"]] = await self._write(
+                    "resourceslice/update", self.api.replace_slice(body)
+                )
+            except ApiException as exc:
+                if exc.status in (404, 409):  # someone else wrote: re-list and plan again
+                    await self._relist(node)
+                raise
+        for body in plan.creates:
+            try:
+                current[body["metadata"]["name"]] = await self._write(
+                    "resourceslice/create", self.api.create_slice(body)
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    await self._relist(node)
+                raise
+        self.slices[node] = sorted(current.values(), key=lambda s: str(s["metadata"]["name"]))
+        log.info("published ResourceSlices", node=node, generation=plan.generation, created=len(plan.creates),
+                 updated=len(plan.updates), deleted=len(plan.deletes))
+
+    async def _relist(self, node: str) -> None:
+        items = await self.api.list_slices(f"{MANAGED_BY_LABEL}={MANAGED_BY}")
+        self.slices[node] = [s for s in items if s.get("spec", {}).get("pool", {}).get("name") == node]
+
+    async def _forget(self, node: str) -> None:
+        """A node is gone: delete its slices (its Node owns them; this is belt and braces)."""
+        for item in self.slices.pop(node, []):
+            meta = item["metadata"]
+            await self._write("resourceslice/delete", self.api.delete_slice(meta["name"], meta.get("uid")))
+        self.decisions.pop(node, None)
+        self.fleet.remove_node(node)
+        self.status_changed()
+
+    # -- SharingPolicy status --------------------------------------------------------------
+
+    async def _write_statuses(self) -> None:
+        while True:
+            await self._status_dirty.wait()
+            await asyncio.sleep(0.2)  # let a burst of reconciles land first
+            self._status_dirty.clear()
+            try:
+                await self.write_policy_statuses()
+                STATUS_PASSES.inc()
+            except Exception:  # keep the loop alive whatever one pass hit
+                log.exception("writing SharingPolicy status failed; will retry")
+                await asyncio.sleep(1.0)
+                self._status_dirty.set()
+
+    async def write_policy_statuses(self) -> None:
+        pending = dict.fromkeys(self.decisions, False)
+        decisions = list(self.decisions.values())
+        for name, body in sorted(self.fleet.policy_bodies.items()):
+            policy = self.fleet.policies.get(name)
+            if policy is None:
+                continue  # the CRD schema refuses what pydantic would; nothing to report on
+            previous_raw = body.get("status")
+            try:
+                previous = SharingPolicyStatus.model_validate(previous_raw) if previous_raw else None
+            except ValueError:
+                previous = None
+            status = policy_status(policy, tally(self.fleet, name, decisions, pending), previous)
+            if previous is not None and status == previous:
+                continue
+            await self._write("sharingpolicy/status", self.api.patch_policy_status(name, status.to_kube()))
+            body["status"] = status.to_kube()
+            for type_, reason, message in transitions(previous, status):
+                await self._write("event", self.api.post_event(body, type_, reason, message))

@@ -1,0 +1,205 @@
+"""The operator's in-memory view of the cluster, fed by watch events.
+
+Kopf handlers turn raw objects into the small values here (policies, nodes with their
+NodeLayouts, our driver's allocations from ResourceClaims, drains under way); the pure
+deciding code reads them. Nothing here does I/O.
+Not for: deciding anything (``tessera.controller.decide``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from tessera import DRIVER_NAME
+from tessera.models.layout import GpuLayout, NodeLayout
+from tessera.models.policy import SharingPolicy
+
+DeviceKey = tuple[str, str]  # (pool, device)
+
+
+@dataclass(frozen=True)
+class ClaimHold:
+    """A ResourceClaim that holds some of our devices."""
+
+    namespace: str
+    name: str
+    devices: frozenset[DeviceKey]
+    pods: tuple[tuple[str, str], ...]  # (namespace, name) of the Pods it is reserved for
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def claim_hold(body: Mapping[str, Any]) -> ClaimHold | None:
+    """Our driver's devices a ResourceClaim holds (its allocation), or None if it holds none."""
+    meta = body.get("metadata", {})
+    status = body.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    devices = frozenset(
+        (str(r["pool"]), str(r["device"])) for r in results if r.get("driver") == DRIVER_NAME and "device" in r
+    )
+    if not devices:
+        return None
+    pods = tuple(
+        sorted(
+            (str(meta.get("namespace", "")), str(ref["name"]))
+            for ref in status.get("reservedFor") or []
+            if ref.get("resource") == "pods" and ref.get("name")
+        )
+    )
+    return ClaimHold(str(meta.get("namespace", "")), str(meta.get("name", "")), devices, pods)
+
+
+@dataclass(frozen=True)
+class DrainState:
+    """A GPU whose new layout waits until no claim holds the devices it would change."""
+
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    policy: str | None
+    target: GpuLayout
+    devices: frozenset[str]  # published devices the new layout changes or removes
+    claims: tuple[str, ...]  # claims (namespace/name) that still hold some of them
+    since: float  # monotonic time the drain began
+    timed_out: bool = False
+
+    def describe(self) -> str:
+        n = len(self.claims)
+        return f"{n} claim{'s' if n != 1 else ''} on {self.node} GPU {self.gpu_index}"
+
+
+@dataclass
+class NodeView:
+    name: str
+    uid: str
+    labels: dict[str, str]
+    layout: NodeLayout | None = None
+    layout_error: str | None = None  # a NodeLayout we could not read
+
+
+@dataclass
+class Fleet:
+    """Everything the operator knows, keyed the way the decisions need it."""
+
+    policies: dict[str, SharingPolicy] = field(default_factory=dict)
+    policy_bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    policy_errors: dict[str, str] = field(default_factory=dict)  # policies we could not parse
+    nodes: dict[str, NodeView] = field(default_factory=dict)
+    layouts: dict[str, NodeLayout] = field(default_factory=dict)  # NodeLayouts seen before their Node
+    claims: dict[str, ClaimHold] = field(default_factory=dict)
+    drains: dict[tuple[str, str], DrainState] = field(default_factory=dict)
+    published: dict[str, int] = field(default_factory=dict)  # node -> devices published (per GPU below)
+    published_by_gpu: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    # -- updates from watch events ---------------------------------------------------------
+
+    def set_policy(self, body: Mapping[str, Any]) -> None:
+        name = str(body["metadata"]["name"])
+        self.policy_bodies[name] = dict(body)
+        try:
+            self.policies[name] = SharingPolicy.model_validate(
+                {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
+            )
+            self.policy_errors.pop(name, None)
+        except ValidationError as exc:
+            self.policies.pop(name, None)
+            self.policy_errors[name] = _validation_message(exc)
+
+    def remove_policy(self, name: str) -> None:
+        self.policies.pop(name, None)
+        self.policy_bodies.pop(name, None)
+        self.policy_errors.pop(name, None)
+
+    def set_node(self, body: Mapping[str, Any]) -> bool:
+        """Record a Node; True when its labels (what policies select on) changed."""
+        meta = body["metadata"]
+        name = str(meta["name"])
+        labels = dict(meta.get("labels") or {})
+        view = self.nodes.get(name)
+        if view is None:
+            self.nodes[name] = NodeView(name, str(meta.get("uid", "")), labels, self.layouts.pop(name, None))
+            return True
+        changed = view.labels != labels
+        view.labels, view.uid = labels, str(meta.get("uid", view.uid))
+        return changed
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self.layouts.pop(name, None)
+        self.published.pop(name, None)
+        for key in [k for k in self.drains if k[0] == name]:
+            del self.drains[key]
+        for key in [k for k in self.published_by_gpu if k[0] == name]:
+            del self.published_by_gpu[key]
+
+    def set_layout(self, body: Mapping[str, Any]) -> str:
+        name = str(body["metadata"]["name"])
+        try:
+            layout = NodeLayout.model_validate(
+                {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status") if k in body}
+            )
+            error = None
+        except ValidationError as exc:
+            layout, error = None, _validation_message(exc)
+        view = self.nodes.get(name)
+        if view is None:
+            if layout is not None:
+                self.layouts[name] = layout
+        else:
+            view.layout, view.layout_error = layout, error
+        return name
+
+    def remove_layout(self, name: str) -> None:
+        self.layouts.pop(name, None)
+        if (view := self.nodes.get(name)) is not None:
+            view.layout = None
+
+    def set_claim(self, body: Mapping[str, Any]) -> set[str]:
+        """Record a claim's allocation; returns the nodes (pools) whose holds changed."""
+        meta = body["metadata"]
+        key = f"{meta.get('namespace', '')}/{meta['name']}"
+        hold = claim_hold(body)
+        before = self.claims.get(key)
+        if hold is None:
+            self.claims.pop(key, None)
+        else:
+            self.claims[key] = hold
+        if before == hold:
+            return set()
+        return {pool for pool, _ in (before.devices if before else frozenset())} | {
+            pool for pool, _ in (hold.devices if hold else frozenset())
+        }
+
+    def remove_claim(self, namespace: str, name: str) -> set[str]:
+        before = self.claims.pop(f"{namespace}/{name}", None)
+        return {pool for pool, _ in before.devices} if before else set()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def holders(self, node: str) -> dict[str, list[ClaimHold]]:
+        """Device name → the claims that hold it, for one node's pool."""
+        out: dict[str, list[ClaimHold]] = defaultdict(list)
+        for hold in self.claims.values():
+            for pool, device in hold.devices:
+                if pool == node:
+                    out[device].append(hold)
+        return out
+
+    def gpu_nodes(self) -> list[NodeView]:
+        """Nodes with a NodeLayout (an agent runs there), sorted by name."""
+        return sorted((v for v in self.nodes.values() if v.layout is not None), key=lambda v: v.name)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "object"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts)

@@ -1,0 +1,114 @@
+"""Run Tessera's own processes (the operator, node agents with the simulated backend) next
+to a local control plane, as the demo and the integration tests do: each is a real
+``python -m tessera`` child process with its own log file, killed with its parent.
+Not for: production (the DaemonSet and Deployment in ``manifests/`` run these there).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tessera.localcluster.cluster import LocalCluster, _die_with_parent, free_port
+
+
+@dataclass
+class TesseraProcess:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    metrics_port: int = 0
+    health_port: int = 0
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as the process can tell."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def metrics(self) -> dict[str, float]:
+        """The process's Prometheus metrics as ``{'name{labels}': value}`` (empty if unreachable)."""
+        if not self.metrics_port:
+            return {}
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as response:
+                text = response.read().decode()
+        except (urllib.error.URLError, OSError):
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                try:
+                    out[key] = float(value)
+                except ValueError:
+                    continue
+        return out
+
+
+@dataclass
+class TesseraProcesses:
+    """The operator and agents started for one cluster; ``stop_all`` ends them."""
+
+    cluster: LocalCluster
+    folder: Path
+    processes: list[TesseraProcess] = field(default_factory=list)
+
+    def _start(self, name: str, args: list[str], health: bool = False) -> TesseraProcess:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        log = self.folder / f"{name}.log"
+        metrics, health_port = free_port(), (free_port() if health else 0)
+        ports = ["--metrics-port", str(metrics)] + (["--health-port", str(health_port)] if health else [])
+        environment = {
+            **os.environ,
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "TESSERA_LOG_JSON": "1",
+        }
+        with log.open("ab") as out:
+            popen = subprocess.Popen(  # argv is ours
+                [sys.executable, "-m", "tessera", *args, *ports],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
+                preexec_fn=_die_with_parent,  # runs between fork and exec
+            )
+        process = TesseraProcess(name, popen, log, metrics, health_port)
+        self.processes.append(process)
+        return process
+
+    def operator(self, name: str = "operator") -> TesseraProcess:
+        return self._start(name, ["operator"], health=True)
+
+    def agent(self, node: str, simulate: str, extra: list[str] | None = None) -> TesseraProcess:
+        state = self.folder / f"{node}.simulated.json"
+        return self._start(
+            f"agent-{node}",
+            ["agent", "--node-name", node, "--backend", "simulated", "--simulate", simulate,
+             "--state-file", str(state), *(extra or [])],
+        )
+
+    def stop_all(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()

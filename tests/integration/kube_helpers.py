@@ -1,0 +1,110 @@
+"""Small helpers the integration tests share: JSON from kubectl, apply lists, claims, Pods."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tessera.localcluster import LocalCluster
+
+DRIVER = "gpu.tessera.dev"
+
+
+def get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
+    return out
+
+
+def get_or_none(cluster: LocalCluster, *args: str) -> dict[str, Any] | None:
+    proc = cluster.kubectl("get", "-o", "json", *args, check=False)
+    if proc.returncode != 0:
+        return None
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+def apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
+    items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(items))
+
+
+def claim_template(
+    name: str, namespace: str, device_class: str, cel: str | None = None, capacity: dict[str, str] | None = None
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if cel:
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def pod(name: str, namespace: str, template: str, node_selector: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+        "containers": [
+            {"name": "main", "image": "registry.invalid/none:0", "resources": {"claims": [{"name": "gpu"}]}}
+        ],
+    }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def claim_of(cluster: LocalCluster, namespace: str, pod_name: str) -> dict[str, Any] | None:
+    status = get(cluster, "pod", pod_name, "-n", namespace).get("status", {})
+    names = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses", [])]
+    if not names or not names[0]:
+        return None
+    return get_or_none(cluster, "resourceclaim", names[0], "-n", namespace)
+
+
+def allocation(cluster: LocalCluster, namespace: str, pod_name: str) -> dict[str, Any] | None:
+    claim = claim_of(cluster, namespace, pod_name)
+    if claim is None:
+        return None
+    result: dict[str, Any] | None = claim.get("status", {}).get("allocation")
+    return result
+
+
+def allocated_devices(cluster: LocalCluster, namespace: str, pod_name: str) -> list[dict[str, Any]]:
+    alloc = allocation(cluster, namespace, pod_name)
+    return list(alloc["devices"]["results"]) if alloc else []
+
+
+def unschedulable(cluster: LocalCluster, namespace: str, pod_name: str) -> bool:
+    conditions = get(cluster, "pod", pod_name, "-n", namespace).get("status", {}).get("conditions", [])
+    return any(
+        c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+        for c in conditions
+    )
+
+
+def decided(cluster: LocalCluster, namespace: str, *pod_names: str) -> bool:
+    """Every Pod's claim is allocated, or the scheduler has said it cannot be."""
+    return all(allocation(cluster, namespace, p) is not None or unschedulable(cluster, namespace, p) for p in pod_names)
+
+
+def node_slices(cluster: LocalCluster, node: str) -> list[dict[str, Any]]:
+    items = get(cluster, "resourceslices", "--field-selector", f"spec.nodeName={node}")["items"]
+    return sorted((s for s in items if s["spec"]["driver"] == DRIVER), key=lambda s: str(s["metadata"]["name"]))
+
+
+def node_devices(cluster: LocalCluster, node: str) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in node_slices(cluster, node) for d in s["spec"].get("devices") or []}
+
+
+def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
+    if obj is None:
+        return None
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), None)
+
+
+def delete_pod_now(cluster: LocalCluster, namespace: str, pod_name: str) -> None:
+    """There is no kubelet to finish a graceful delete: remove the Pod at once."""
+    cluster.kubectl("delete", "pod", pod_name, "-n", namespace, "--grace-period=0", "--force", "--wait=false")

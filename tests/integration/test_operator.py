@@ -1,0 +1,331 @@
+"""The operator end to end: real control plane, real kube-scheduler, the operator and node
+agents (simulated backend) as real processes. Policies become NodeLayouts, agents make the
+layouts, the operator publishes ResourceSlices, and the scheduler allocates from them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
+from tessera.models.quantity import parse_quantity
+from tests.integration.kube_helpers import (
+    DRIVER,
+    allocated_devices,
+    allocation,
+    apply,
+    claim_template,
+    condition,
+    decided,
+    delete_pod_now,
+    get,
+    get_or_none,
+    node_devices,
+    node_slices,
+    pod,
+    unschedulable,
+)
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tessera(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TesseraProcesses]:
+    cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
+    processes = TesseraProcesses(cluster, tmp_path_factory.mktemp("tessera"))
+    processes.operator()
+    try:
+        yield processes
+    finally:
+        processes.stop_all()
+
+
+def policy(name: str, label: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "SharingPolicy",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {"tessera.dev/test": label}}, **spec},
+    }
+
+
+def gpu_node(cluster: LocalCluster, tessera: TesseraProcesses, name: str, label: str, simulate: str) -> TesseraProcess:
+    cluster.add_node(name, labels={"tessera.dev/test": label})
+    return tessera.agent(name, simulate)
+
+
+async def wait_devices(cluster: LocalCluster, node: str, predicate: Any, what: str, timeout: float = 60) -> Any:
+    return await wait_for(lambda: predicate(node_devices(cluster, node)), timeout=timeout, message=what)
+
+
+async def wait_policy(
+    cluster: LocalCluster, name: str, type_: str, status: str, timeout: float = 60, **counts: int
+) -> dict[str, Any]:
+    """Wait until the policy's condition ``type_`` has ``status`` and its status counts match."""
+
+    def ready() -> dict[str, Any] | None:
+        body = get_or_none(cluster, "sharingpolicy", name)
+        c = condition(body, type_)
+        if body is None or c is None or c["status"] != status:
+            return None
+        return body if all(body["status"].get(k) == v for k, v in counts.items()) else None
+
+    result: dict[str, Any] = await wait_for(ready, timeout=timeout, message=f"{name} {type_}={status} {counts}")
+    return result
+
+
+def mig_profiles(devices: dict[str, dict[str, Any]]) -> list[str]:
+    return sorted(
+        d["attributes"]["migProfile"]["string"] for d in devices.values() if "migProfile" in d.get("attributes", {})
+    )
+
+
+async def test_static_mig_policy_publishes_partitions_and_a_3g_claim_is_scheduled(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    for node in ("mig-a", "mig-b"):
+        gpu_node(cluster, tessera, node, "static-mig", "1xH100-80GB")
+    apply(
+        cluster,
+        policy(
+            "static-mig",
+            "static-mig",
+            {
+                "strategy": "MIG",
+                "mig": {"profiles": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}},
+            },
+        ),
+    )
+    want = ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    for node in ("mig-a", "mig-b"):
+        await wait_devices(cluster, node, lambda d: mig_profiles(d) == want, f"{node} to publish {want}")
+
+    body = await wait_policy(cluster, "static-mig", "Ready", "True", gpus=2)
+    assert body["status"]["nodes"] == 2
+    assert body["status"]["gpus"] == 2
+    assert body["status"]["gpusApplied"] == 2
+    assert body["status"]["devicesPublished"] == 8
+    memory = {
+        d["attributes"]["migProfile"]["string"]: d["capacity"]["memory"]["value"]
+        for d in node_devices(cluster, "mig-a").values()
+    }
+    assert parse_quantity(memory["3g.40gb"]) == 40448 * 2**20, "capacity is the profile's real memory"
+
+    apply(
+        cluster,
+        claim_template(
+            "three-g", namespace, "mig.tessera.dev", cel=f'device.attributes["{DRIVER}"].migProfile == "3g.40gb"'
+        ),
+        pod("uses-3g", namespace, "three-g"),
+    )
+    results = await wait_for(
+        lambda: allocated_devices(cluster, namespace, "uses-3g"), timeout=60, message="the 3g claim to be allocated"
+    )
+    assert results[0]["driver"] == DRIVER
+    assert results[0]["pool"] in {"mig-a", "mig-b"}
+    devices = node_devices(cluster, results[0]["pool"])
+    assert devices[results[0]["device"]]["attributes"]["migProfile"]["string"] == "3g.40gb"
+    assert get(cluster, "pod", "uses-3g", "-n", namespace)["spec"]["nodeName"] == results[0]["pool"]
+
+
+async def test_mps_shares_one_gpu_between_claims_until_memory_runs_out(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    gpu_node(cluster, tessera, "mps-a", "mps", "1xH100-80GB")
+    apply(
+        cluster,
+        policy(
+            "mps",
+            "mps",
+            {
+                "strategy": "MPS",
+                "mps": {"memory": {"default": "10Gi", "min": "1Gi", "step": "1Gi"}},
+            },
+        ),
+    )
+    await wait_devices(
+        cluster, "mps-a", lambda d: d.get("gpu-0", {}).get("allowMultipleAllocations"), "the shared GPU to be published"
+    )
+    # 81559 MiB is 79.6Gi: seven claims of 10Gi fit, the eighth does not.
+    apply(cluster, claim_template("ten-gi", namespace, "shared-gpu.tessera.dev", capacity={"memory": "10Gi"}))
+    apply(cluster, *(pod(f"share-{i}", namespace, "ten-gi", {"kubernetes.io/hostname": "mps-a"}) for i in range(8)))
+
+    pods = [f"share-{i}" for i in range(8)]
+    await wait_for(
+        lambda: decided(cluster, namespace, *pods), timeout=90, message="every share Pod to be allocated or refused"
+    )
+    allocated = [i for i in range(8) if allocation(cluster, namespace, f"share-{i}") is not None]
+    assert len(allocated) == 7
+    for i in allocated:
+        result = allocated_devices(cluster, namespace, f"share-{i}")[0]
+        assert result["device"] == "gpu-0"
+        assert result["consumedCapacity"]["memory"] == "10Gi"
+    share_ids = {allocated_devices(cluster, namespace, f"share-{i}")[0]["shareID"] for i in allocated}
+    assert len(share_ids) == 7
+
+
+async def test_dynamic_mig_counters_stop_the_scheduler_from_over_allocating(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    gpu_node(cluster, tessera, "dyn-a", "dynamic", "1xH100-80GB")  # Hopper: MIG mode without a reset
+    apply(cluster, policy("dynamic", "dynamic", {"strategy": "DynamicMIG"}))
+    await wait_devices(
+        cluster,
+        "dyn-a",
+        lambda d: any(n.startswith("gpu-0-dyn-3g") for n in d),
+        "DynamicMIG partitions to be published",
+    )
+    counter_slices = [s for s in node_slices(cluster, "dyn-a") if s["spec"].get("sharedCounters")]
+    assert len(counter_slices) == 1, "counters live in a slice of their own"
+
+    apply(
+        cluster,
+        claim_template(
+            "dyn-3g", namespace, "mig.tessera.dev", cel=f'device.attributes["{DRIVER}"].migProfile == "3g.40gb"'
+        ),
+    )
+    apply(cluster, *(pod(f"dyn-{i}", namespace, "dyn-3g", {"kubernetes.io/hostname": "dyn-a"}) for i in range(3)))
+
+    pods = [f"dyn-{i}" for i in range(3)]
+    await wait_for(
+        lambda: decided(cluster, namespace, *pods), timeout=90, message="the DynamicMIG Pods to be allocated or refused"
+    )
+    devices = sorted(
+        allocated_devices(cluster, namespace, f"dyn-{i}")[0]["device"]
+        for i in range(3)
+        if allocation(cluster, namespace, f"dyn-{i}") is not None
+    )
+    assert devices == ["gpu-0-dyn-3g-40gb-0", "gpu-0-dyn-3g-40gb-4"], "two 3g fit an 8-slice GPU, not three"
+
+
+async def test_a_policy_change_drains_an_allocated_partition_before_replacing_it(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    gpu_node(cluster, tessera, "drain-a", "drain", "1xH100-80GB")
+    apply(cluster, policy("drain", "drain", {"strategy": "MIG", "mig": {"preset": "all-1g"}}))
+    await wait_devices(cluster, "drain-a", lambda d: mig_profiles(d) == ["1g.10gb"] * 7, "seven 1g partitions")
+    apply(
+        cluster,
+        claim_template("one-g", namespace, "mig.tessera.dev"),
+        pod("holder", namespace, "one-g", {"kubernetes.io/hostname": "drain-a"}),
+    )
+    held = (
+        await wait_for(
+            lambda: allocated_devices(cluster, namespace, "holder"), timeout=60, message="the 1g claim to be allocated"
+        )
+    )[0]["device"]
+
+    apply(cluster, policy("drain", "drain", {"strategy": "MIG", "mig": {"preset": "whole"}}))
+
+    def draining() -> dict[str, Any] | None:
+        c = condition(get(cluster, "sharingpolicy", "drain"), "Progressing")
+        return c if c is not None and c["status"] == "True" and c["reason"] == "Draining" else None
+
+    progressing = await wait_for(draining, timeout=60, message="the policy to report the drain")
+    assert "1 claim on drain-a GPU 0" in progressing["message"]
+
+    def all_tainted(d: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
+        tainted = all(any(t["key"] == "tessera.dev/repartition" for t in x.get("taints", [])) for x in d.values())
+        return d if d and tainted else None
+
+    devices = await wait_devices(cluster, "drain-a", all_tainted, "every changing device to be tainted")
+    assert held in devices, "the allocated partition is still there while its claim exists"
+    layout = get(cluster, "nodelayout", "drain-a")
+    assert [i["profile"] for g in layout["spec"]["gpus"] for i in g["migInstances"]] == ["1g.10gb"] * 7
+    agent_gpu = layout["status"]["gpus"][0]
+    assert len(agent_gpu["migInstances"]) == 7, "the agent has not been asked to destroy anything"
+
+    claim = allocation(cluster, namespace, "holder")
+    assert claim is not None
+    delete_pod_now(cluster, namespace, "holder")
+    await wait_devices(
+        cluster, "drain-a", lambda d: mig_profiles(d) == ["7g.80gb"], "the new layout to be published", timeout=90
+    )
+    devices = node_devices(cluster, "drain-a")
+    assert not any(d.get("taints") for d in devices.values()), "the drain taint is gone with the drain"
+    await wait_policy(cluster, "drain", "Ready", "True")
+
+
+async def test_high_memory_device_class_selects_only_devices_above_40gi(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    gpu_node(cluster, tessera, "hm-mig", "hm-mig", "1xH100-80GB")
+    gpu_node(cluster, tessera, "hm-whole", "hm-whole", "1xA100-40GB")
+    gpu_node(cluster, tessera, "hm-big", "hm-big", "1xH200-141GB")
+    apply(cluster, policy("hm-mig", "hm-mig", {"strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}}))
+    await wait_devices(cluster, "hm-mig", lambda d: mig_profiles(d) == ["3g.40gb", "3g.40gb"], "two 3g.40gb")
+    await wait_devices(cluster, "hm-whole", lambda d: "gpu-0" in d, "the whole A100-40GB")
+    await wait_devices(cluster, "hm-big", lambda d: "gpu-0" in d, "the whole H200")
+
+    # 3g.40gb has 40448 MiB (39.5Gi) and the A100-40GB 40960 MiB (exactly 40Gi): neither is above 40Gi.
+    apply(cluster, claim_template("big", namespace, "high-memory-gpu"))
+    apply(
+        cluster,
+        *(pod(f"big-{n}", namespace, "big", {"kubernetes.io/hostname": n}) for n in ("hm-mig", "hm-whole", "hm-big")),
+    )
+    await wait_for(
+        lambda: allocated_devices(cluster, namespace, "big-hm-big"),
+        timeout=60,
+        message="the H200 to be allocated as a high-memory GPU",
+    )
+    refused = ("big-hm-mig", "big-hm-whole")
+    await wait_for(
+        lambda: all(unschedulable(cluster, namespace, p) for p in refused),
+        timeout=60,
+        message="the 39.5Gi and 40Gi devices to be refused",
+    )
+
+
+async def test_deleting_a_node_removes_its_slices_and_layout(cluster: LocalCluster, tessera: TesseraProcesses) -> None:
+    agent = gpu_node(cluster, tessera, "gone-a", "gone", "2xA100-80GB")
+    await wait_for(lambda: len(node_slices(cluster, "gone-a")) == 2, timeout=60, message="two GPU slices")
+    agent.stop()
+    cluster.kubectl("delete", "node", "gone-a")
+    await wait_for(lambda: not node_slices(cluster, "gone-a"), timeout=60, message="the slices to go")
+    await wait_for(
+        lambda: get_or_none(cluster, "nodelayout", "gone-a") is None,
+        timeout=60,
+        message="the NodeLayout to go with its Node",
+    )
+
+
+async def test_an_operator_restart_writes_nothing_when_nothing_changed(
+    cluster: LocalCluster, tessera: TesseraProcesses
+) -> None:
+    gpu_node(cluster, tessera, "restart-a", "restart", "2xH100-80GB")
+    apply(cluster, policy("restart", "restart", {"strategy": "MIG", "mig": {"preset": "all-balanced"}}))
+    await wait_policy(cluster, "restart", "Ready", "True")
+
+    def versions() -> dict[str, str]:
+        out = {}
+        for kind in ("resourceslices", "nodelayouts", "sharingpolicies"):
+            for item in get(cluster, kind)["items"]:
+                out[f"{kind}/{item['metadata']['name']}"] = item["metadata"]["resourceVersion"]
+        return out
+
+    before = versions()
+    for process in list(tessera.processes):
+        if process.name == "operator":
+            process.stop()
+            tessera.processes.remove(process)
+    restarted = tessera.operator("operator-restarted")
+    gpu_nodes = len(get(cluster, "nodelayouts")["items"])
+
+    def reconciled() -> dict[str, float] | None:
+        metrics = restarted.metrics()
+        done = metrics.get('tessera_operator_reconciles_total{result="ok"}', 0)
+        statuses = metrics.get("tessera_operator_policy_status_passes_total", 0)
+        return metrics if done >= gpu_nodes and statuses >= 1 else None
+
+    metrics = await wait_for(reconciled, timeout=60, message="the restarted operator to reconcile every node")
+    writes = {k: v for k, v in metrics.items() if k.startswith("tessera_operator_api_writes_total") and v}
+    assert writes == {}, f"a restart with nothing new wrote: {json.dumps(writes)}"
+    assert versions() == before
