@@ -1,0 +1,134 @@
+"""ResourceClaims as the kubelet plugin sees them: read one through the API, and take from its
+allocation the devices this node's driver must prepare.
+
+The kubelet's request names a claim only (namespace, name, UID); the allocation lives in the
+claim's status. ``allocated_devices`` is the pure part: it checks that the claim is the one
+the kubelet meant (same UID), is allocated, and has devices of our driver in this node's pool
+(pool name = node name), and says what is wrong otherwise. ``KubeClaimReader`` is the only
+code of the plugin that talks to the Kubernetes API.
+Not for: preparing anything.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kubernetes_asyncio import client as k8s
+
+from tessera.models.devices import DeviceRef, parse_device_name
+
+Claim = Mapping[str, Any]
+
+
+class ClaimError(Exception):
+    """This claim cannot be prepared; the message goes back to the kubelet (and the Pod's events)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """What the kubelet sends: which claim, by name and UID."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatedDevice:
+    """One allocation result of our driver on this node."""
+
+    request: str  # the request name; "<request>/<subrequest>" for a prioritized-list choice
+    pool: str
+    device: str
+    ref: DeviceRef
+    share_id: str | None = None
+    consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def request_name(self) -> str:
+        """The name the Pod refers to: the kubelet wants subrequest names stripped."""
+        return self.request.split("/", 1)[0]
+
+
+def allocated_devices(claim: Claim, ref: ClaimRef, driver: str, node: str) -> list[AllocatedDevice]:
+    """The devices of ``claim`` that ``driver`` prepares on ``node``, in allocation order.
+
+    Raises ClaimError when the claim was replaced (another UID), is not allocated, has no
+    device of ``driver``, is allocated to another node's pool, or names a device that is not
+    a Tessera device name."""
+    uid = claim.get("metadata", {}).get("uid")
+    if uid != ref.uid:
+        raise ClaimError(
+            f"ResourceClaim {ref} has UID {uid}, the kubelet asked for {ref.uid}: "
+            "the claim was deleted and created again; the Pod must be recreated"
+        )
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"ResourceClaim {ref} is not allocated yet; the scheduler allocates it first")
+    results = [r for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == driver]
+    if not results:
+        raise ClaimError(f"ResourceClaim {ref} has no device of driver {driver}; it is not Tessera's to prepare")
+    elsewhere = sorted({str(r.get("pool")) for r in results if r.get("pool") != node})
+    if elsewhere:
+        raise ClaimError(
+            f"ResourceClaim {ref} is allocated devices of node {', '.join(elsewhere)}, "
+            f"but this is node {node}"
+        )
+    devices = []
+    for result in results:
+        name = str(result.get("device", ""))
+        try:
+            device_ref = parse_device_name(name)
+        except ValueError as error:
+            raise ClaimError(f"ResourceClaim {ref}: {error}") from None
+        devices.append(
+            AllocatedDevice(
+                request=str(result.get("request", "")),
+                pool=node,
+                device=name,
+                ref=device_ref,
+                share_id=result.get("shareID"),
+                consumed_capacity={str(k): str(v) for k, v in (result.get("consumedCapacity") or {}).items()},
+            )
+        )
+    return devices
+
+
+class ClaimReader(Protocol):
+    """Reads a ResourceClaim as JSON; None when it does not exist."""
+
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+class KubeClaimReader:
+    """Reads ResourceClaims from ``resource.k8s.io/v1`` as raw JSON (no model round trip, so
+    fields newer than the client library, such as ``consumedCapacity``, always come through)."""
+
+    def __init__(self, api_client: k8s.ApiClient, timeout_s: float = 20.0) -> None:
+        self._api = k8s.ResourceV1Api(api_client)
+        self.timeout_s = timeout_s  # well inside the kubelet's own deadline for a prepare call
+
+    async def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        # Without preloading, the call returns the raw aiohttp response, not the typed model.
+        response: Any = await self._api.read_namespaced_resource_claim(
+            name, namespace, _preload_content=False, _request_timeout=self.timeout_s
+        )
+        try:
+            body = await response.read()
+            if response.status == 404:
+                return None
+            if not 200 <= response.status <= 299:
+                raise ClaimError(
+                    f"reading ResourceClaim {namespace}/{name} failed: HTTP {response.status} "
+                    f"{body[:300].decode(errors='replace')}"
+                )
+        finally:
+            response.release()
+        claim: dict[str, Any] = json.loads(body)
+        return claim
