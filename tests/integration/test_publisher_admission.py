@@ -19,6 +19,7 @@ from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import Health
 from tests.dra_gpus import every_strategy
+from tests.integration.kube_helpers import pod as pinned_pod
 
 pytestmark = pytest.mark.integration
 
@@ -48,18 +49,9 @@ def _template(
     }
 
 
-def _pod(name: str, namespace: str, template: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [
-                {"name": "main", "image": "registry.invalid/none:0", "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-        },
-    }
+def _pod(name: str, namespace: str, template: str, node: str) -> dict[str, Any]:
+    # Pinned to the test's node: other tests leave GPU nodes of their own in the shared cluster.
+    return pinned_pod(name, namespace, template, {"kubernetes.io/hostname": node})
 
 
 def _result(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
@@ -151,11 +143,11 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
             {"memory": "30Gi"},
         ),
         _template("big", namespace, "high-memory-gpu", "true"),
-        _pod("mig", namespace, "mig-3g"),
-        _pod("dyn", namespace, "dyn-4g"),
-        _pod("mps-a", namespace, "mps-30gi"),
-        _pod("mps-b", namespace, "mps-30gi"),
-        _pod("big", namespace, "big"),
+        _pod("mig", namespace, "mig-3g", name),
+        _pod("dyn", namespace, "dyn-4g", name),
+        _pod("mps-a", namespace, "mps-30gi", name),
+        _pod("mps-b", namespace, "mps-30gi", name),
+        _pod("big", namespace, "big", name),
     )
     results = {}
     for pod in ("mig", "dyn", "mps-a", "mps-b", "big"):
@@ -176,6 +168,6 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
     assert not big.get("taints")
 
     # 79Gi of MPS memory holds two 30Gi shares, not three.
-    _apply(cluster, _pod("mps-c", namespace, "mps-30gi"))
+    _apply(cluster, _pod("mps-c", namespace, "mps-30gi", name))
     await wait_for(lambda: _unschedulable(cluster, namespace, "mps-c"), timeout=60, message="mps-c to be unschedulable")
     assert _result(cluster, namespace, "mps-c") is None

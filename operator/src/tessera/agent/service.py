@@ -113,6 +113,11 @@ class NodeAgent:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._wake.set)
 
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set once the agent is stopping; what it runs beside it (the kubelet plugin) stops too."""
+        return self._stopping
+
     def stop(self) -> None:
         self._halt.set()
         self._stopping.set()

@@ -244,6 +244,7 @@ class SimulatedHardware:
         if state_file is None:
             self._state = initial
             return
+        state_file.parent.mkdir(parents=True, exist_ok=True)
         with self._file_lock():
             if state_file.exists():
                 existing = self._read()

@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("tessera.cli.plan", "preview the GPU layouts SharingPolicies would give an inventory of nodes"),
     "operator": ("tessera.cli.operator", "run the operator: SharingPolicies into NodeLayouts and ResourceSlices"),
     "agent": ("tessera.cli.agent", "run the node agent: GPUs into the layout of this node's NodeLayout"),
-    "demo": ("tessera.cli.cluster", "run Tessera on a local control plane with simulated GPU nodes"),
+    "demo": ("tessera.cli.demo", "run Tessera on a local control plane with simulated GPU nodes"),
 }
 
 

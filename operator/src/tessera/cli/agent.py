@@ -16,7 +16,10 @@ from pathlib import Path
 
 import structlog
 
+from tessera import DRIVER_NAME
 from tessera.agent.backend import DeviceBackend
+from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
+from tessera.agent.plugin.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginConfig, serve_plugin
 from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.agent.simulated import SimulatedBackend
 from tessera.kube.client import make_api_client
@@ -75,6 +78,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="JSON logs (default: pretty on a terminal, JSON otherwise)",
     )
+    _add_plugin_arguments(parser)
+
+
+def _env_str(name: str, default: str) -> str:
+    return os.environ.get(f"TESSERA_{name}", default)
+
+
+def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubelet-plugin",
+        action=argparse.BooleanOptionalAction,
+        default=_env_str("KUBELET_PLUGIN", "true").lower() not in ("0", "false", "no"),
+        help="serve the DRA kubelet plugin (TESSERA_KUBELET_PLUGIN, default on)",
+    )
+    parser.add_argument(
+        "--kubelet-registry-dir",
+        type=Path,
+        default=Path(_env_str("KUBELET_REGISTRY_DIR", str(DEFAULT_REGISTRY_DIR))),
+        help="the kubelet's plugin registry folder (TESSERA_KUBELET_REGISTRY_DIR)",
+    )
+    parser.add_argument(
+        "--kubelet-plugin-dir",
+        type=Path,
+        default=Path(_env_str("KUBELET_PLUGIN_DIR", str(DEFAULT_PLUGINS_DIR / DRIVER_NAME))),
+        help="the plugin's socket and checkpoint folder (TESSERA_KUBELET_PLUGIN_DIR)",
+    )
+    parser.add_argument(
+        "--cdi-dir",
+        type=Path,
+        default=Path(_env_str("CDI_DIR", str(DEFAULT_CDI_DIR))),
+        help="where CDI specs are written (TESSERA_CDI_DIR)",
+    )
 
 
 def make_backend(args: argparse.Namespace) -> DeviceBackend:
@@ -100,9 +135,34 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
+    plugin_task: asyncio.Task[None] | None = None
     try:
+        if args.kubelet_plugin:
+            # The plugin starts first: it re-declares the holds of claims it prepared before a
+            # restart, and those holds are what keep the reconciler off prepared devices.
+            plugin_config = PluginConfig(
+                node_name=args.node_name,
+                registry_dir=args.kubelet_registry_dir,
+                plugin_dir=args.kubelet_plugin_dir,
+                cdi_dir=args.cdi_dir,
+            )
+            plugin_config.registry_dir.mkdir(parents=True, exist_ok=True)
+            plugin_config.plugin_folder.mkdir(parents=True, exist_ok=True)
+            plugin_config.cdi_dir.mkdir(parents=True, exist_ok=True)
+            started = asyncio.Event()
+            plugin = serve_plugin(
+                plugin_config, backend, api, agent.stopping, lambda _: started.set(), agent.request_resync
+            )
+            plugin_task = asyncio.create_task(plugin, name="kubelet-plugin")
+            done, _ = await asyncio.wait({plugin_task, asyncio.create_task(started.wait())},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if plugin_task in done:
+                plugin_task.result()  # it failed to start: raise why
         await agent.run()
     finally:
+        agent.stop()
+        if plugin_task is not None:
+            await plugin_task
         await api.close()
 
 

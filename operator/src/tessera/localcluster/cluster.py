@@ -263,13 +263,8 @@ class LocalCluster:
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run kubectl against this cluster; raises with kubectl's stderr when ``check``."""
-        proc = subprocess.run(
-            [str(self.binaries.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
-            input=input, capture_output=True, text=True, timeout=timeout, check=False,
-        )
-        if check and proc.returncode != 0:
-            raise LocalClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
-        return proc
+        return ExistingCluster(self.kubeconfig, self.binaries).kubectl(*args, input=input, check=check,
+                                                                      timeout=timeout)
 
     def apply(self, *paths: Path | str) -> None:
         """``kubectl apply --server-side`` every file or folder given."""
@@ -280,8 +275,8 @@ class LocalCluster:
         """A kubernetes-asyncio client authenticated as the cluster admin."""
         configuration = k8s_client.Configuration(host=self.server)
         configuration.ssl_ca_cert = str(self.ca_file)
-        configuration.api_key = {"authorization": self.token}
-        configuration.api_key_prefix = {"authorization": "Bearer"}
+        configuration.api_key = {"BearerToken": self.token}  # the key kubernetes-asyncio reads
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
         return k8s_client.ApiClient(configuration=configuration)
 
     def add_node(self, name: str, labels: dict[str, str] | None = None,
@@ -306,6 +301,30 @@ class LocalCluster:
         out = self.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(node))
         created: dict[str, Any] = json.loads(out.stdout)
         return created
+
+
+@dataclass(frozen=True)
+class ExistingCluster:
+    """A cluster Tessera did not start (``--kubeconfig``): kubectl against it, nothing to stop."""
+
+    kubeconfig: Path
+    binaries: Binaries
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [str(self.binaries.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input, capture_output=True, text=True, timeout=timeout, check=False,
+        )
+        if check and proc.returncode != 0:
+            raise LocalClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+
+def kubectl_for(kubeconfig: Path, binaries: Binaries) -> ExistingCluster:
+    if not kubeconfig.is_file():
+        raise LocalClusterError(f"no kubeconfig at {kubeconfig}")
+    return ExistingCluster(kubeconfig, binaries)
 
 
 async def wait_for(predicate: Any, timeout: float = 30.0, interval: float = 0.1,

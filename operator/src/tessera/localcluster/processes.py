@@ -13,8 +13,14 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from tessera.localcluster.cluster import LocalCluster, _die_with_parent, free_port
+from tessera.localcluster.cluster import _die_with_parent, free_port
+
+
+class HasKubeconfig(Protocol):
+    @property
+    def kubeconfig(self) -> Path: ...
 
 
 @dataclass
@@ -73,7 +79,7 @@ class TesseraProcess:
 class TesseraProcesses:
     """The operator and agents started for one cluster; ``stop_all`` ends them."""
 
-    cluster: LocalCluster
+    cluster: HasKubeconfig
     folder: Path
     processes: list[TesseraProcess] = field(default_factory=list)
 
@@ -100,12 +106,22 @@ class TesseraProcesses:
     def operator(self, name: str = "operator") -> TesseraProcess:
         return self._start(name, ["operator"], health=True)
 
+    def node_folder(self, node: str) -> Path:
+        """Where a node's agent keeps what a real node keeps under /var: the simulated GPUs'
+        state, the kubelet plugin's sockets and checkpoint, and CDI specs."""
+        return self.folder / "nodes" / node
+
     def agent(self, node: str, simulate: str, extra: list[str] | None = None) -> TesseraProcess:
-        state = self.folder / f"{node}.simulated.json"
+        root = self.node_folder(node)
         return self._start(
             f"agent-{node}",
             ["agent", "--node-name", node, "--backend", "simulated", "--simulate", simulate,
-             "--state-file", str(state), *(extra or [])],
+             "--state-file", str(root / "simulated-gpus.json"),
+             "--kubelet-registry-dir", str(root / "plugins_registry"),
+             "--kubelet-plugin-dir", str(root / "plugins" / "gpu.tessera.dev"),
+             "--cdi-dir", str(root / "cdi"),
+             "--mps-root", str(root / "mps"),
+             *(extra or [])],
         )
 
     def stop_all(self) -> None:

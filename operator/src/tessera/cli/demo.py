@@ -1,0 +1,344 @@
+"""``tessera demo``: Tessera's main job on an embedded default.
+
+Builds (first time) and starts the local control plane, installs the CRDs and DeviceClasses,
+runs the operator and three simulated GPU nodes (H100, A100, H200) as local processes,
+applies sample SharingPolicies and workloads, waits until the scheduler has placed them, and
+prints per node and GPU: the layout, the published devices, and which claims got what. It
+keeps running (with kubectl instructions) until Ctrl-C, or stops at once with ``--exit``.
+With ``--kubeconfig`` it targets an existing cluster instead, running simulated agents for
+nodes that already exist there (``--node NAME=SPEC``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera.dra.deviceclasses import device_classes
+from tessera.localcluster import LocalCluster, LocalClusterError, ensure_binaries
+from tessera.localcluster.cluster import ExistingCluster, kubectl_for
+from tessera.localcluster.processes import TesseraProcesses
+from tessera.models.crd import crds
+from tessera.models.quantity import format_bytes, parse_quantity
+
+NAMESPACE = "tessera-demo"
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    name: str
+    simulate: str
+    labels: dict[str, str]
+
+
+NODES = (
+    DemoNode("demo-h100", "2xH100-80GB", {"pool": "inference"}),
+    DemoNode("demo-a100", "1xA100-80GB", {"pool": "notebooks"}),
+    DemoNode("demo-h200", "1xH200-141GB", {"pool": "training"}),
+)
+
+POLICIES = """
+# GPU 0 of every inference node: MIG instances, each shared again by MPS.
+apiVersion: tessera.dev/v1alpha1
+kind: SharingPolicy
+metadata: {name: inference-mig-mps}
+spec:
+  priority: 100
+  nodeSelector: {matchLabels: {pool: inference}}
+  gpuSelector: {cel: 'device.attributes["gpu.tessera.dev"].index == 0'}
+  strategy: MIG
+  mig:
+    profiles: {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}
+    sharing: {strategy: MPS}
+  mps:
+    memory: {default: 4Gi, min: 1Gi, step: 1Gi}
+    compute: {default: 25, values: [10, 25, 50, 100]}
+---
+# The other inference GPUs stay whole.
+apiVersion: tessera.dev/v1alpha1
+kind: SharingPolicy
+metadata: {name: inference-whole}
+spec:
+  priority: 50
+  nodeSelector: {matchLabels: {pool: inference}}
+  strategy: Exclusive
+---
+# Notebook GPUs are shared by MPS: 10Gi and 10% of the SMs per notebook by default.
+apiVersion: tessera.dev/v1alpha1
+kind: SharingPolicy
+metadata: {name: notebooks-mps}
+spec:
+  nodeSelector: {matchLabels: {pool: notebooks}}
+  strategy: MPS
+  mps:
+    memory: {default: 10Gi, min: 1Gi, step: 1Gi}
+    compute: {default: 10}
+---
+# Training GPUs: MIG instances made when a claim needs one.
+apiVersion: tessera.dev/v1alpha1
+kind: SharingPolicy
+metadata: {name: training-dynamic-mig}
+spec:
+  nodeSelector: {matchLabels: {pool: training}}
+  strategy: DynamicMIG
+"""
+
+
+def _template(name: str, device_class: str, cel: str | None = None, capacity: dict[str, str] | None = None) -> Any:
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if cel:
+        exactly["selectors"] = [{"cel": {"expression": cel}}]
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def _pod(name: str, template: str, pool: str, image: str, args: list[str]) -> Any:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": name.rstrip("-0123456789")}},
+        "spec": {
+            "nodeSelector": {"pool": pool},
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "main", "image": image, "args": args, "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }
+
+
+def workloads() -> list[Any]:
+    # has() first: reading an attribute a device lacks is a CEL error, and the scheduler gives
+    # up on the claim instead of skipping the device.
+    attrs = 'device.attributes["gpu.tessera.dev"]'
+    profile_is = f"has({attrs}.migProfile) && {attrs}.migProfile == "
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        _template(
+            "mig-3g-20gi", "shared-gpu.tessera.dev", profile_is + '"3g.40gb"', {"memory": "20Gi", "compute": "50"}
+        ),
+        _template("whole-gpu", "whole-gpu.tessera.dev"),
+        _template("notebook-10gi", "shared-gpu.tessera.dev", capacity={"memory": "10Gi"}),
+        _template("mig-3g-71gb", "mig.tessera.dev", profile_is + '"3g.71gb"'),
+        _pod("vllm-0", "mig-3g-20gi", "inference", "vllm/vllm-openai:latest", ["--model", "Qwen/Qwen2.5-7B-Instruct"]),
+        _pod(
+            "llama-70b-0", "whole-gpu", "inference", "vllm/vllm-openai:latest", ["--model", "meta-llama/Llama-3.1-70B"]
+        ),
+        *(_pod(f"notebook-{i}", "notebook-10gi", "notebooks", "jupyter/pytorch-notebook:latest", []) for i in range(3)),
+        _pod("trainer-0", "mig-3g-71gb", "training", "nvcr.io/nvidia/pytorch:25.01-py3", ["python", "train.py"]),
+    ]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exit", action="store_true", help="print the picture and stop (default: keep running)")
+    parser.add_argument("--kubeconfig", help="use this existing cluster instead of starting a local one")
+    parser.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC",
+        help="with --kubeconfig: run a simulated agent for this existing node, e.g. gpu-1=2xH100-80GB",
+    )
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the workloads to be placed")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (LocalClusterError, TimeoutError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix="tessera-demo-"))
+    cluster: LocalCluster | None = None
+    target: LocalCluster | ExistingCluster
+    if args.kubeconfig:
+        nodes = [DemoNode(n.partition("=")[0], n.partition("=")[2], {}) for n in args.node]
+        if not nodes or any(not n.simulate for n in nodes):
+            raise LocalClusterError(
+                "with --kubeconfig, name the nodes to simulate: --node NAME=SPEC (e.g. 2xH100-80GB)"
+            )
+        target = kubectl_for(Path(args.kubeconfig), ensure_binaries())
+    else:
+        _say("Starting a local Kubernetes control plane (the first run builds it: a few minutes)...")
+        cluster = LocalCluster.start(ensure_binaries())
+        target = cluster
+        nodes = list(NODES)
+        for node in nodes:
+            cluster.add_node(node.name, labels=node.labels)
+    processes = TesseraProcesses(target, folder)
+    try:
+        _say("Installing the CRDs and DeviceClasses...")
+        _apply(target, [*crds().values(), *device_classes()])
+        target.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "crd/sharingpolicies.tessera.dev",
+            "crd/nodelayouts.tessera.dev",
+            "--timeout=60s",
+        )
+        _say(f"Starting the operator and {len(nodes)} node agents (simulated GPUs)...")
+        processes.operator()
+        for node in nodes:
+            processes.agent(node.name, node.simulate)
+        _say("Applying SharingPolicies and workloads...")
+        _apply(target, list(yaml.safe_load_all(POLICIES)))
+        pods = [w for w in workloads() if w["kind"] == "Pod"]
+        _apply(target, [w for w in workloads() if w["kind"] != "Pod"])
+        _wait_ready(target, [p["metadata"]["name"] for p in yaml.safe_load_all(POLICIES)], args.timeout, processes)
+        _apply(target, pods)
+        _wait_placed(target, [p["metadata"]["name"] for p in pods], args.timeout)
+        _say("")
+        _say(picture(target, [n.name for n in nodes]))
+        _say(f"Ready in {time.monotonic() - started:.0f}s. Logs of the operator and agents: {folder}")
+        if args.exit:
+            return 0
+        _say("\nThe cluster keeps running. In another shell:")
+        _say(f"  export KUBECONFIG={target.kubeconfig}")
+        _say(f"  alias kubectl={target.binaries.kubectl}")
+        _say("  kubectl get sharingpolicies; kubectl get nodelayouts; kubectl get resourceslices")
+        _say(f"  kubectl get resourceclaims -n {NAMESPACE} -o wide")
+        _say("Press Ctrl-C to stop.")
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        return 0
+    finally:
+        processes.stop_all()
+        if cluster is not None:
+            cluster.stop()
+
+
+def _apply(target: Any, objects: list[Any]) -> None:
+    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+    target.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=body)
+
+
+def _get(target: Any, *args: str) -> Any:
+    return json.loads(target.kubectl("get", "-o", "json", *args).stdout)
+
+
+def _wait_ready(target: Any, policies: list[str], timeout: float, processes: TesseraProcesses) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        items = {p["metadata"]["name"]: p for p in _get(target, "sharingpolicies")["items"]}
+        ready = [
+            n
+            for n in policies
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in items.get(n, {}).get("status", {}).get("conditions", [])
+            )
+        ]
+        if len(ready) == len(policies):
+            return
+        dead = [p.name for p in processes.processes if not p.alive()]
+        if dead:
+            raise LocalClusterError(f"{', '.join(dead)} stopped; see the logs in {processes.folder}")
+        if time.monotonic() > deadline:
+            missing = sorted(set(policies) - set(ready))
+            raise TimeoutError(f"policies not Ready after {timeout:.0f}s: {', '.join(missing)}")
+        time.sleep(0.5)
+
+
+def _wait_placed(target: Any, pods: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        items = {p["metadata"]["name"]: p for p in _get(target, "pods", "-n", NAMESPACE)["items"]}
+        placed = [n for n in pods if items.get(n, {}).get("spec", {}).get("nodeName")]
+        if len(placed) == len(pods):
+            return
+        if time.monotonic() > deadline:
+            why = []
+            for name in sorted(set(pods) - set(placed)):
+                conditions = items.get(name, {}).get("status", {}).get("conditions", [])
+                message = next((c.get("message", "") for c in conditions if c["type"] == "PodScheduled"), "")
+                why.append(f"{name}: {message or 'not scheduled'}")
+            raise TimeoutError(f"Pods not scheduled after {timeout:.0f}s:\n  " + "\n  ".join(why))
+        time.sleep(0.5)
+
+
+def _memory(device: dict[str, Any]) -> str:
+    value = device.get("capacity", {}).get("memory", {}).get("value")
+    if value is None:
+        return ""
+    gib = parse_quantity(str(value)) / 2**30
+    return f"{gib:.1f}Gi"
+
+
+def picture(target: Any, nodes: list[str]) -> str:
+    """Per node and GPU: layout, published devices, and the claims each device serves."""
+    layouts = {n["metadata"]["name"]: n for n in _get(target, "nodelayouts")["items"]}
+    slices = _get(target, "resourceslices")["items"]
+    claims = _get(target, "resourceclaims", "-n", NAMESPACE)["items"]
+    pods = {p["metadata"]["name"]: p for p in _get(target, "pods", "-n", NAMESPACE)["items"]}
+    users: dict[tuple[str, str], list[str]] = {}
+    for claim in claims:
+        owner = next((r["name"] for r in claim["metadata"].get("ownerReferences", []) if r["kind"] == "Pod"), "?")
+        for result in (claim.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", []):
+            consumed = result.get("consumedCapacity") or {}
+            extra = ", ".join(f"{k} {_quantity_text(k, v)}" for k, v in sorted(consumed.items()))
+            users.setdefault((result["pool"], result["device"]), []).append(
+                f"{owner}" + (f" ({extra})" if extra else "")
+            )
+    lines = []
+    for node in nodes:
+        layout = layouts.get(node, {})
+        gpus = layout.get("status", {}).get("gpus", [])
+        devices = {
+            d["name"]: d
+            for s in slices
+            if s["spec"].get("pool", {}).get("name") == node
+            for d in s["spec"].get("devices") or []
+        }
+        lines.append(f"node {node}")
+        for gpu in gpus:
+            policy = gpu.get("policy") or "(no policy)"
+            lines.append(
+                f"  GPU {gpu['index']}  {gpu['productName']}  {gpu['memoryMib'] / 1024:.0f}GiB"
+                f"  strategy {gpu['strategy']}  policy {policy}"
+            )
+            if gpu.get("migInstances"):
+                cut = "  ".join(f"{i['profile']}@{i['start']}" for i in gpu["migInstances"])
+                lines.append(f"      MIG instances: {cut}")
+            mine = sorted(n for n in devices if n == f"gpu-{gpu['index']}" or n.startswith(f"gpu-{gpu['index']}-"))
+            shown = [n for n in mine if "-dyn-" not in n or (node, n) in users]
+            hidden = len(mine) - len(shown)
+            for name in shown:
+                device = devices[name]
+                kind = device.get("attributes", {}).get("type", {}).get("string", "")
+                shared = " shared" if device.get("allowMultipleAllocations") else ""
+                who = users.get((node, name), [])
+                lines.append(
+                    f"      {name:<28} {kind}{shared:<8} {_memory(device):>8}  "
+                    + (("<- " + "; ".join(who)) if who else "free")
+                )
+            if hidden:
+                lines.append(f"      + {hidden} DynamicMIG placements published (made when a claim needs one)")
+    placed = sorted(f"{n} on {p['spec'].get('nodeName', '?')}" for n, p in pods.items())
+    lines.append("Pods: " + ", ".join(placed))
+    return "\n".join(lines)
+
+
+def _quantity_text(name: str, value: str) -> str:
+    if name == "memory":
+        return format_bytes(parse_quantity(value))
+    return f"{value}%" if name == "compute" else value
