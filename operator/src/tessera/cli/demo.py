@@ -12,6 +12,7 @@ nodes that already exist there (``--node NAME=SPEC``).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import signal
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from tessera.cli.kubelet_standin import ClaimRef, prepare
 from tessera.dra.deviceclasses import device_classes
 from tessera.localcluster import LocalCluster, LocalClusterError, ensure_binaries
 from tessera.localcluster.cluster import ExistingCluster, kubectl_for
@@ -208,8 +210,14 @@ def _run(args: argparse.Namespace) -> int:
         _wait_ready(target, [p["metadata"]["name"] for p in yaml.safe_load_all(POLICIES)], args.timeout, processes)
         _apply(target, pods)
         _wait_placed(target, [p["metadata"]["name"] for p in pods], args.timeout)
+        _say("Preparing the claims with each node's kubelet plugin, as a kubelet would...")
+        prepared = _prepare_like_the_kubelet(target, processes, [n.name for n in nodes])
+        _wait_agents_caught_up(target, [n.name for n in nodes], args.timeout)
         _say("")
         _say(picture(target, [n.name for n in nodes]))
+        _say("CDI devices the kubelet plugins returned (what the container runtime would inject):")
+        for line in prepared:
+            _say(f"  {line}")
         _say(f"Ready in {time.monotonic() - started:.0f}s. Logs of the operator and agents: {folder}")
         if args.exit:
             return 0
@@ -274,6 +282,53 @@ def _wait_placed(target: Any, pods: list[str], timeout: float) -> None:
                 why.append(f"{name}: {message or 'not scheduled'}")
             raise TimeoutError(f"Pods not scheduled after {timeout:.0f}s:\n  " + "\n  ".join(why))
         time.sleep(0.5)
+
+
+def _prepare_like_the_kubelet(target: Any, processes: TesseraProcesses, nodes: list[str]) -> list[str]:
+    """For each node, prepare the claims of the demo Pods bound to it through its agent's plugin."""
+    pods = _get(target, "pods", "-n", NAMESPACE)["items"]
+    claims = {c["metadata"]["name"]: c for c in _get(target, "resourceclaims", "-n", NAMESPACE)["items"]}
+    lines = []
+    for node in nodes:
+        refs: dict[str, ClaimRef] = {}
+        for pod in pods:
+            if pod["spec"].get("nodeName") != node:
+                continue
+            for status in pod.get("status", {}).get("resourceClaimStatuses", []):
+                claim = claims.get(status.get("resourceClaimName", ""))
+                if claim is not None:
+                    meta = claim["metadata"]
+                    refs[pod["metadata"]["name"]] = ClaimRef(NAMESPACE, meta["name"], meta["uid"])
+        registry = processes.node_folder(node) / "plugins_registry"
+        results = asyncio.run(prepare(registry, list(refs.values())))
+        for pod_name, result in zip(refs, results, strict=True):
+            answer = ", ".join(result.cdi_devices) if not result.error else f"error: {result.error}"
+            lines.append(f"{pod_name:<12} {answer}")
+    return sorted(lines)
+
+
+def _wait_agents_caught_up(target: Any, nodes: list[str], timeout: float) -> None:
+    """Until the agents report every DynamicMIG instance their plugins made at prepare time."""
+    claims = _get(target, "resourceclaims", "-n", NAMESPACE)["items"]
+    wanted = sum(
+        "-dyn-" in r["device"]
+        for c in claims
+        for r in (c.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        layouts = [n for n in _get(target, "nodelayouts")["items"] if n["metadata"]["name"] in nodes]
+        made = sum(
+            bool(i.get("dynamic"))
+            for n in layouts
+            for g in n.get("status", {}).get("gpus", [])
+            for i in g.get("migInstances", [])
+        )
+        if made >= wanted:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the agents report {made} of {wanted} DynamicMIG instances after {timeout:.0f}s")
+        time.sleep(0.3)
 
 
 def _memory(device: dict[str, Any]) -> str:
