@@ -11,7 +11,7 @@ them. Not for: I/O.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera.controller.state import ClaimHold, DrainState, Fleet, NodeView
 from tessera.dra.devices import build_gpu_devices
@@ -31,6 +31,9 @@ class GpuDecision:
     written: GpuLayout | None  # what NodeLayout.spec holds for the GPU after this decision
     error: str | None = None
     drain: DrainState | None = None
+    # Published devices the written layout changes or removes but the agent has not yet: tainted
+    # too, so no new claim lands on a device about to go (the window between spec and status).
+    changing: frozenset[str] = frozenset()
 
     @property
     def settled(self) -> bool:
@@ -52,7 +55,9 @@ class NodeDecision:
 
     @property
     def draining_devices(self) -> frozenset[str]:
-        return frozenset(d for g in self.gpus if g.drain is not None for d in g.drain.devices)
+        """Devices to taint: those a drain waits for, and those a written layout is replacing."""
+        draining = {d for g in self.gpus if g.drain is not None for d in g.drain.devices}
+        return frozenset(draining.union(*(g.changing for g in self.gpus)))
 
 
 def published_device_names(gpu: GpuStatus) -> frozenset[str]:
@@ -143,12 +148,14 @@ def _decide_gpu(
         else:
             error = str(gpu_plan.error)
     base = GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, current, error)
-    if target is None or target == current:
+    if target is None:
         return base
     changed = affected_devices(gpu, published_device_names(gpu), target)
+    if target == current:
+        return replace(base, changing=changed)
     held_by = sorted({h.key for d in changed for h in holders.get(d, [])})
     if not held_by:
-        return GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, target, error)
+        return GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, target, error, changing=changed)
     previous = drains.get(gpu.uuid)
     since = previous.since if previous is not None and previous.target == target else now
     policy = fleet.policies.get(gpu_plan.policy or "")

@@ -46,6 +46,17 @@ def _applied(fleet: Fleet, node: str, decision: GpuDecision) -> bool:
     return gpu is not None and gpu.applied and gpu.strategy == (decision.target.strategy if decision.target else None)
 
 
+def _selector_errors(policy: str, decision: NodeDecision) -> list[str]:
+    """GPUs of the node where ``policy``'s gpuSelector failed: the policy selects nothing there,
+    so without these it would report AsExpected while its selector errors on every GPU."""
+    return [
+        f"{decision.node} GPU {plan.gpu.index}: gpuSelector failed: {why}"
+        for plan in decision.plan.for_node(decision.node)
+        for failed, why in plan.selector_errors
+        if failed == policy
+    ]
+
+
 def tally(
     fleet: Fleet, policy: str, decisions: Iterable[NodeDecision], spec_pending: Mapping[str, bool]
 ) -> PolicyTally:
@@ -61,6 +72,7 @@ def tally(
         conflicts.extend(decision.plan.conflicts_of(policy))
         if policy in decision.plan.policy_errors:
             errors.append(decision.plan.policy_errors[policy])
+        errors.extend(_selector_errors(policy, decision))
         for gpu in decision.gpus:
             if gpu.policy != policy:
                 continue
@@ -138,11 +150,13 @@ def policy_status(
 
 
 def transitions(before: SharingPolicyStatus | None, after: SharingPolicyStatus) -> list[tuple[str, str, str]]:
-    """Events worth posting: (type, reason, message) for conditions whose status changed."""
-    old = {c.type: c.status for c in (before.conditions if before else [])}
+    """Events worth posting: (type, reason, message) for conditions that entered a notable
+    state: a new status, or a new reason under the same status (a drain that starts while
+    Progressing is already True for Applying, a Degraded policy whose drain now times out)."""
+    old = {c.type: (c.status, c.reason) for c in (before.conditions if before else [])}
     out = []
     for c in after.conditions:
-        if old.get(c.type) == c.status:
+        if old.get(c.type) == (c.status, c.reason):
             continue
         if c.type == "Ready" and c.status is ConditionStatus.TRUE:
             out.append(("Normal", c.reason, c.message))

@@ -150,8 +150,12 @@ class Fleet:
             layout, error = None, _validation_message(exc)
         view = self.nodes.get(name)
         if view is None:
+            # Held until its Node arrives; an unreadable one replaces what came before, so the
+            # Node never starts out with a layout that is no longer true.
             if layout is not None:
                 self.layouts[name] = layout
+            else:
+                self.layouts.pop(name, None)
         else:
             view.layout, view.layout_error = layout, error
         return name
@@ -159,7 +163,7 @@ class Fleet:
     def remove_layout(self, name: str) -> None:
         self.layouts.pop(name, None)
         if (view := self.nodes.get(name)) is not None:
-            view.layout = None
+            view.layout, view.layout_error = None, None
 
     def set_claim(self, body: Mapping[str, Any]) -> set[str]:
         """Record a claim's allocation; returns the nodes (pools) whose holds changed."""

@@ -47,6 +47,7 @@ class GpuPlan:
     layout: GpuLayout | None
     error: PlanError | None = None
     candidates: tuple[str, ...] = ()  # every policy that selects the GPU, winner first
+    selector_errors: tuple[tuple[str, str], ...] = ()  # (policy, why) whose gpuSelector failed on it
 
     @property
     def ok(self) -> bool:
@@ -131,12 +132,12 @@ def plan_fleet(policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory]
             on_node = [c for c in compiled if c.policy.spec.node_selector.matches(dict(labels))]
             by_labels[labels] = on_node
         for gpu in sorted(node.gpus, key=lambda g: (g.index, g.uuid)):
-            selecting, selector_error = _selecting(on_node, gpu)
+            selecting, failed = _selecting(on_node, gpu)
             if not selecting:
-                if selector_error:
-                    plans.append(
-                        GpuPlan(node.name, gpu, None, None, PlanError(PlanErrorReason.SELECTOR, selector_error))
-                    )
+                if failed:
+                    first, why = failed[0]
+                    error = PlanError(PlanErrorReason.SELECTOR, f"policy {first}: {why}")
+                    plans.append(GpuPlan(node.name, gpu, None, None, error, selector_errors=failed))
                     continue
                 result = _plan(memo, None, _EXCLUSIVE, gpu)
                 if isinstance(result, PlanError):
@@ -150,17 +151,20 @@ def plan_fleet(policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory]
             result = _plan(memo, winner.name, winner.spec, gpu)
             names = tuple(p.name for p in selecting)
             if isinstance(result, PlanError):
-                plans.append(GpuPlan(node.name, gpu, winner.name, None, result, names))
+                plans.append(GpuPlan(node.name, gpu, winner.name, None, result, names, failed))
             else:
-                plans.append(GpuPlan(node.name, gpu, winner.name, result, None, names))
+                plans.append(GpuPlan(node.name, gpu, winner.name, result, None, names, failed))
     return FleetPlan(tuple(plans), tuple(conflicts), policy_errors)
 
 
-def _selecting(on_node: list[_Compiled], gpu: GpuStatus) -> tuple[list[SharingPolicy], str | None]:
-    """Policies (in precedence order) that select ``gpu``, and the first selector error seen."""
+def _selecting(
+    on_node: list[_Compiled], gpu: GpuStatus
+) -> tuple[list[SharingPolicy], tuple[tuple[str, str], ...]]:
+    """Policies (in precedence order) that select ``gpu``, and (policy, why) for every
+    gpuSelector that failed on it (in precedence order too)."""
     flat: FlatDevice | None = None
     selecting: list[SharingPolicy] = []
-    first_error: str | None = None
+    failed: list[tuple[str, str]] = []
     for c in on_node:
         if c.selector is None:
             selecting.append(c.policy)
@@ -171,8 +175,8 @@ def _selecting(on_node: list[_Compiled], gpu: GpuStatus) -> tuple[list[SharingPo
             if c.selector.matches(gpu, flat):
                 selecting.append(c.policy)
         except GpuSelectorError as exc:
-            first_error = first_error or f"policy {c.policy.name}: {exc}"
-    return selecting, first_error
+            failed.append((c.policy.name, str(exc)))
+    return selecting, tuple(failed)
 
 
 def _plan(
