@@ -6,6 +6,9 @@ import json
 from typing import Any
 
 from tessera.localcluster import LocalCluster
+from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
+
+__all__ = ["claim_template", "on_node", "pod_with_claim"]
 
 DRIVER = "gpu.tessera.dev"
 
@@ -26,34 +29,6 @@ def get_or_none(cluster: LocalCluster, *args: str) -> dict[str, Any] | None:
 def apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
     items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(items))
-
-
-def claim_template(
-    name: str, namespace: str, device_class: str, cel: str | None = None, capacity: dict[str, str] | None = None
-) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": device_class}
-    if cel:
-        exactly["selectors"] = [{"cel": {"expression": cel}}]
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
-    }
-
-
-def pod(name: str, namespace: str, template: str, node_selector: dict[str, str] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-        "containers": [
-            {"name": "main", "image": "registry.invalid/none:0", "resources": {"claims": [{"name": "gpu"}]}}
-        ],
-    }
-    if node_selector:
-        spec["nodeSelector"] = node_selector
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
 def claim_of(cluster: LocalCluster, namespace: str, pod_name: str) -> dict[str, Any] | None:

@@ -12,10 +12,12 @@ import pytest
 
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.workloads import claim_template, pod_with_claim
 
 pytestmark = pytest.mark.integration
 
 DRIVER = "cp-test.tessera.dev"
+OURS = f'device.driver == "{DRIVER}"'
 
 
 def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
@@ -26,32 +28,6 @@ def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
 def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
     items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
     cluster.kubectl("apply", "-f", "-", input=json.dumps(items))
-
-
-def _claim_template(
-    name: str, namespace: str, device_class: str, extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": device_class, **(extra or {})}}
-        ]}}},
-    }
-
-
-def _pod(name: str, namespace: str, template: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{"name": "main", "image": "registry.invalid/none:0",
-                            "resources": {"claims": [{"name": "gpu"}]}}],
-        },
-    }
 
 
 def _allocation(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
@@ -65,35 +41,23 @@ def _allocation(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, An
     return allocation
 
 
-async def test_scheduler_allocates_consumable_capacity_and_counters(
-    cluster: LocalCluster, namespace: str
-) -> None:
+def _device_class(name: str, cel: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": cel}}]},
+    }
+
+
+async def test_scheduler_allocates_consumable_capacity_and_counters(cluster: LocalCluster, namespace: str) -> None:
     node = "cp-node-1"
     cluster.add_node(node, labels={"tessera.dev/test": "control-plane"})
     _apply(
         cluster,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "cp-shared"},
-            "spec": {"selectors": [{"cel": {"expression":
-                f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "share"'}}]},
-        },
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "cp-partition"},
-            "spec": {"selectors": [{"cel": {"expression":
-                f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "partition"'}}]},
-        },
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceClass",
-            "metadata": {"name": "cp-huge"},
-            "spec": {"selectors": [{"cel": {"expression":
-                f'device.driver == "{DRIVER}" && '
-                f'device.capacity["{DRIVER}"].memory.compareTo(quantity("100Gi")) > 0'}}]},
-        },
+        _device_class("cp-shared", f'{OURS} && device.attributes["{DRIVER}"].type == "share"'),
+        _device_class("cp-partition", f'{OURS} && device.attributes["{DRIVER}"].type == "partition"'),
+        _device_class("cp-huge", f'{OURS} && device.capacity["{DRIVER}"].memory.compareTo(quantity("100Gi")) > 0'),
         # (a) one device many claims may share: 4Gi of memory, requested in 1Gi steps.
         {
             "apiVersion": "resource.k8s.io/v1",
@@ -108,11 +72,15 @@ async def test_scheduler_allocates_consumable_capacity_and_counters(
                         "name": "shared-0",
                         "allowMultipleAllocations": True,
                         "attributes": {"type": {"string": "share"}},
-                        "capacity": {"memory": {
-                            "value": "4Gi",
-                            "requestPolicy": {"default": "1Gi",
-                                              "validRange": {"min": "1Gi", "max": "4Gi", "step": "1Gi"}},
-                        }},
+                        "capacity": {
+                            "memory": {
+                                "value": "4Gi",
+                                "requestPolicy": {
+                                    "default": "1Gi",
+                                    "validRange": {"min": "1Gi", "max": "4Gi", "step": "1Gi"},
+                                },
+                            }
+                        },
                     },
                     # (b) three partitions that each consume half of one counter set.
                     *(
@@ -120,8 +88,9 @@ async def test_scheduler_allocates_consumable_capacity_and_counters(
                             "name": f"part-{i}",
                             "attributes": {"type": {"string": "partition"}},
                             "capacity": {"memory": {"value": "40Gi"}},
-                            "consumesCounters": [{"counterSet": "gpu-0",
-                                                  "counters": {"memory-slices": {"value": "4"}}}],
+                            "consumesCounters": [
+                                {"counterSet": "gpu-0", "counters": {"memory-slices": {"value": "4"}}}
+                            ],
                         }
                         for i in range(3)
                     ),
@@ -145,21 +114,20 @@ async def test_scheduler_allocates_consumable_capacity_and_counters(
     # a fourth does not.
     _apply(
         cluster,
-        _claim_template("share-1500mi", namespace, "cp-shared", {"capacity": {"requests": {"memory": "1500Mi"}}}),
-        _claim_template("share-default", namespace, "cp-shared"),
-        _claim_template("partition", namespace, "cp-partition"),
-        _claim_template("huge", namespace, "cp-huge"),
-        _pod("share-a", namespace, "share-1500mi"),
-        _pod("share-b", namespace, "share-default"),
-        _pod("share-c", namespace, "share-default"),
+        claim_template("share-1500mi", namespace, "cp-shared", capacity={"memory": "1500Mi"}),
+        claim_template("share-default", namespace, "cp-shared"),
+        claim_template("partition", namespace, "cp-partition"),
+        claim_template("huge", namespace, "cp-huge"),
+        pod_with_claim("share-a", namespace, "share-1500mi"),
+        pod_with_claim("share-b", namespace, "share-default"),
+        pod_with_claim("share-c", namespace, "share-default"),
     )
     allocations = {}
     for pod in ("share-a", "share-b", "share-c"):
-        allocations[pod] = await wait_for(lambda p=pod: _allocation(cluster, namespace, p), timeout=60,
-                                          message=f"{pod}'s claim to be allocated")
-    consumed = {
-        pod: alloc["devices"]["results"][0]["consumedCapacity"]["memory"] for pod, alloc in allocations.items()
-    }
+        allocations[pod] = await wait_for(
+            lambda p=pod: _allocation(cluster, namespace, p), timeout=60, message=f"{pod}'s claim to be allocated"
+        )
+    consumed = {pod: alloc["devices"]["results"][0]["consumedCapacity"]["memory"] for pod, alloc in allocations.items()}
     assert consumed == {"share-a": "2Gi", "share-b": "1Gi", "share-c": "1Gi"}
     assert {a["devices"]["results"][0]["device"] for a in allocations.values()} == {"shared-0"}
     share_ids = {a["devices"]["results"][0]["shareID"] for a in allocations.values()}
@@ -168,13 +136,13 @@ async def test_scheduler_allocates_consumable_capacity_and_counters(
         bound = _get(cluster, "pod", pod, "-n", namespace)
         assert bound["spec"]["nodeName"] == node
 
-    _apply(cluster, _pod("share-d", namespace, "share-default"))
+    _apply(cluster, pod_with_claim("share-d", namespace, "share-default"))
     await _wait_unschedulable(cluster, namespace, "share-d")
     assert _allocation(cluster, namespace, "share-d") is None
 
     # Counters: 8 memory slices, partitions of 4: two fit, the third is refused.
     for i in range(3):
-        _apply(cluster, _pod(f"part-{i}", namespace, "partition"))
+        _apply(cluster, pod_with_claim(f"part-{i}", namespace, "partition"))
     await _wait_unschedulable(cluster, namespace, "part-0", "part-1", "part-2", count=1)
     allocated = [p for p in ("part-0", "part-1", "part-2") if _allocation(cluster, namespace, p)]
     assert len(allocated) == 2
@@ -187,7 +155,7 @@ async def test_scheduler_allocates_consumable_capacity_and_counters(
     assert devices <= {"part-0", "part-1", "part-2"}
 
     # The CEL selector really selects: no device has more than 100Gi.
-    _apply(cluster, _pod("huge", namespace, "huge"))
+    _apply(cluster, pod_with_claim("huge", namespace, "huge"))
     await _wait_unschedulable(cluster, namespace, "huge")
 
 
@@ -199,8 +167,10 @@ async def _wait_unschedulable(cluster: LocalCluster, namespace: str, *pods: str,
         n = 0
         for pod in pods:
             conditions = _get(cluster, "pod", pod, "-n", namespace).get("status", {}).get("conditions", [])
-            n += any(c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
-                     for c in conditions)
+            n += any(
+                c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+                for c in conditions
+            )
         return n == want
 
     await wait_for(unschedulable, timeout=60, message=f"{want} of {pods} to be unschedulable")

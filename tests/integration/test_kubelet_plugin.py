@@ -35,6 +35,7 @@ from tessera.dra.slices import NodeRef, build_node_slices
 from tessera.kube.client import make_api_client
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
 from tessera.models.devices import DeviceKind, parse_device_name
 from tessera.models.layout import GpuLayout, PlacedInstance
 from tessera.models.policy import MpsSpec, Strategy
@@ -66,32 +67,6 @@ def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
 def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
     return out
-
-
-def _template(
-    name: str, namespace: str, device_class: str, cel: str, extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    request = {"deviceClassName": device_class, "selectors": [{"cel": {"expression": cel}}], **(extra or {})}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}},
-    }
-
-
-def _pod(name: str, namespace: str, template: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{"name": "main", "image": "registry.invalid/none:0",
-                            "resources": {"claims": [{"name": "gpu"}]}}],
-        },
-    }
 
 
 def _allocated_claim(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
@@ -133,14 +108,14 @@ async def scheduled(cluster: LocalCluster, backend: SimulatedBackend) -> AsyncIt
                    .returncode == 0, timeout=30, message="the default ServiceAccount")
     _apply(
         cluster,
-        _template("static-3g", namespace, "mig.tessera.dev",
+        claim_template("static-3g", namespace, "mig.tessera.dev",
                   f'{ATTR}.strategy == "MIG" && {ATTR}.migProfile == "3g.40gb"'),
-        _template("dynamic-2g", namespace, "mig.tessera.dev",
+        claim_template("dynamic-2g", namespace, "mig.tessera.dev",
                   f'{ATTR}.strategy == "DynamicMIG" && {ATTR}.migProfile == "2g.20gb"'),
-        _template("mps-share", namespace, "shared-gpu.tessera.dev", f'{ATTR}.sharing == "MPS"',
-                  {"capacity": {"requests": {"memory": "8Gi", "compute": "25"}}}),
-        _template("whole", namespace, "whole-gpu.tessera.dev", f"{ATTR}.index == 3"),
-        *(_pod(name, namespace, name) for name in ("static-3g", "dynamic-2g", "mps-share", "whole")),
+        claim_template("mps-share", namespace, "shared-gpu.tessera.dev", f'{ATTR}.sharing == "MPS"',
+                       {"memory": "8Gi", "compute": "25"}),
+        claim_template("whole", namespace, "whole-gpu.tessera.dev", f"{ATTR}.index == 3"),
+        *(pod_with_claim(n, namespace, n, on_node(NODE)) for n in ("static-3g", "dynamic-2g", "mps-share", "whole")),
     )
     claims = {}
     for pod in ("static-3g", "dynamic-2g", "mps-share", "whole"):

@@ -28,7 +28,8 @@ from tests.integration.kube_helpers import (
     get_or_none,
     node_devices,
     node_slices,
-    pod,
+    on_node,
+    pod_with_claim,
     unschedulable,
 )
 
@@ -124,7 +125,7 @@ async def test_static_mig_policy_publishes_partitions_and_a_3g_claim_is_schedule
         claim_template(
             "three-g", namespace, "mig.tessera.dev", cel=f'device.attributes["{DRIVER}"].migProfile == "3g.40gb"'
         ),
-        pod("uses-3g", namespace, "three-g"),
+        pod_with_claim("uses-3g", namespace, "three-g"),
     )
     results = await wait_for(
         lambda: allocated_devices(cluster, namespace, "uses-3g"), timeout=60, message="the 3g claim to be allocated"
@@ -156,7 +157,7 @@ async def test_mps_shares_one_gpu_between_claims_until_memory_runs_out(
     )
     # 81559 MiB is 79.6Gi: seven claims of 10Gi fit, the eighth does not.
     apply(cluster, claim_template("ten-gi", namespace, "shared-gpu.tessera.dev", capacity={"memory": "10Gi"}))
-    apply(cluster, *(pod(f"share-{i}", namespace, "ten-gi", {"kubernetes.io/hostname": "mps-a"}) for i in range(8)))
+    apply(cluster, *(pod_with_claim(f"share-{i}", namespace, "ten-gi", on_node("mps-a")) for i in range(8)))
 
     pods = [f"share-{i}" for i in range(8)]
     await wait_for(
@@ -192,7 +193,7 @@ async def test_dynamic_mig_counters_stop_the_scheduler_from_over_allocating(
             "dyn-3g", namespace, "mig.tessera.dev", cel=f'device.attributes["{DRIVER}"].migProfile == "3g.40gb"'
         ),
     )
-    apply(cluster, *(pod(f"dyn-{i}", namespace, "dyn-3g", {"kubernetes.io/hostname": "dyn-a"}) for i in range(3)))
+    apply(cluster, *(pod_with_claim(f"dyn-{i}", namespace, "dyn-3g", on_node("dyn-a")) for i in range(3)))
 
     pods = [f"dyn-{i}" for i in range(3)]
     await wait_for(
@@ -215,7 +216,7 @@ async def test_a_policy_change_drains_an_allocated_partition_before_replacing_it
     apply(
         cluster,
         claim_template("one-g", namespace, "mig.tessera.dev"),
-        pod("holder", namespace, "one-g", {"kubernetes.io/hostname": "drain-a"}),
+        pod_with_claim("holder", namespace, "one-g", on_node("drain-a")),
     )
     held = (
         await wait_for(
@@ -269,7 +270,7 @@ async def test_high_memory_device_class_selects_only_devices_above_40gi(
     apply(cluster, claim_template("big", namespace, "high-memory-gpu"))
     apply(
         cluster,
-        *(pod(f"big-{n}", namespace, "big", {"kubernetes.io/hostname": n}) for n in ("hm-mig", "hm-whole", "hm-big")),
+        *(pod_with_claim(f"big-{n}", namespace, "big", on_node(n)) for n in ("hm-mig", "hm-whole", "hm-big")),
     )
     await wait_for(
         lambda: allocated_devices(cluster, namespace, "big-hm-big"),

@@ -17,9 +17,9 @@ from tessera.dra.limits import quantity_value, validate_slice
 from tessera.dra.slices import NodeRef, build_node_slices
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
 from tessera.models.layout import Health
 from tests.dra_gpus import every_strategy
-from tests.integration.kube_helpers import pod as pinned_pod
 
 pytestmark = pytest.mark.integration
 
@@ -33,25 +33,6 @@ def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
 
 def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
-
-
-def _template(
-    name: str, namespace: str, device_class: str, cel: str, capacity: dict[str, str] | None = None
-) -> dict[str, Any]:
-    exactly: dict[str, Any] = {"deviceClassName": device_class, "selectors": [{"cel": {"expression": cel}}]}
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
-    }
-
-
-def _pod(name: str, namespace: str, template: str, node: str) -> dict[str, Any]:
-    # Pinned to the test's node: other tests leave GPU nodes of their own in the shared cluster.
-    return pinned_pod(name, namespace, template, {"kubernetes.io/hostname": node})
 
 
 def _result(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
@@ -121,33 +102,33 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
     mps_uuid, static_mig_uuid, dynamic_uuid = gpus[5].uuid, gpus[1].uuid, gpus[6].uuid
     _apply(
         cluster,
-        _template(
+        claim_template(
             "mig-3g",
             namespace,
             "mig.tessera.dev",
             f'device.attributes["{D}"].migProfile.startsWith("3g") && '
             f'device.attributes["{D}"].parentUUID == "{static_mig_uuid}"',
         ),
-        _template(
+        claim_template(
             "dyn-4g",
             namespace,
             "mig.tessera.dev",
             f'device.attributes["{D}"].migProfile.startsWith("4g") && '
             f'device.attributes["{D}"].parentUUID == "{dynamic_uuid}"',
         ),
-        _template(
+        claim_template(
             "mps-30gi",
             namespace,
             "shared-gpu.tessera.dev",
             f'device.attributes["{D}"].uuid == "{mps_uuid}"',
             {"memory": "30Gi"},
         ),
-        _template("big", namespace, "high-memory-gpu", "true"),
-        _pod("mig", namespace, "mig-3g", name),
-        _pod("dyn", namespace, "dyn-4g", name),
-        _pod("mps-a", namespace, "mps-30gi", name),
-        _pod("mps-b", namespace, "mps-30gi", name),
-        _pod("big", namespace, "big", name),
+        claim_template("big", namespace, "high-memory-gpu", "true"),
+        pod_with_claim("mig", namespace, "mig-3g", on_node(name)),
+        pod_with_claim("dyn", namespace, "dyn-4g", on_node(name)),
+        pod_with_claim("mps-a", namespace, "mps-30gi", on_node(name)),
+        pod_with_claim("mps-b", namespace, "mps-30gi", on_node(name)),
+        pod_with_claim("big", namespace, "big", on_node(name)),
     )
     results = {}
     for pod in ("mig", "dyn", "mps-a", "mps-b", "big"):
@@ -168,6 +149,6 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
     assert not big.get("taints")
 
     # 79Gi of MPS memory holds two 30Gi shares, not three.
-    _apply(cluster, _pod("mps-c", namespace, "mps-30gi", name))
+    _apply(cluster, pod_with_claim("mps-c", namespace, "mps-30gi", on_node(name)))
     await wait_for(lambda: _unschedulable(cluster, namespace, "mps-c"), timeout=60, message="mps-c to be unschedulable")
     assert _result(cluster, namespace, "mps-c") is None

@@ -29,6 +29,7 @@ from tessera.dra.deviceclasses import device_classes
 from tessera.localcluster import LocalCluster, LocalClusterError, ensure_binaries
 from tessera.localcluster.cluster import ExistingCluster, kubectl_for
 from tessera.localcluster.processes import TesseraProcesses
+from tessera.localcluster.workloads import claim_template, pod_with_claim
 from tessera.models.crd import crds
 from tessera.models.quantity import format_bytes, parse_quantity
 
@@ -96,30 +97,12 @@ spec:
 
 
 def _template(name: str, device_class: str, cel: str | None = None, capacity: dict[str, str] | None = None) -> Any:
-    exactly: dict[str, Any] = {"deviceClassName": device_class}
-    if cel:
-        exactly["selectors"] = [{"cel": {"expression": cel}}]
-    if capacity:
-        exactly["capacity"] = {"requests": capacity}
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
-    }
+    return claim_template(name, NAMESPACE, device_class, cel, capacity)
 
 
 def _pod(name: str, template: str, pool: str, image: str, args: list[str]) -> Any:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": name.rstrip("-0123456789")}},
-        "spec": {
-            "nodeSelector": {"pool": pool},
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{"name": "main", "image": image, "args": args, "resources": {"claims": [{"name": "gpu"}]}}],
-        },
-    }
+    labels = {"app": name.rstrip("-0123456789")}
+    return pod_with_claim(name, NAMESPACE, template, {"pool": pool}, image, args, labels)
 
 
 def workloads() -> list[Any]:
