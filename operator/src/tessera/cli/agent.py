@@ -75,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-json",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="JSON logs (default: pretty on a terminal, JSON otherwise)",
+        default=True if _env_str("LOG_JSON", "") == "1" else None,
+        help="JSON logs (TESSERA_LOG_JSON=1; default: pretty on a terminal, JSON otherwise)",
     )
     _add_plugin_arguments(parser)
 
