@@ -4,6 +4,7 @@ An unchanged status must compare equal to the one written before, or every resyn
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -121,6 +122,22 @@ def test_a_gpu_counts_as_applied_only_for_the_current_generation(
     )
 
     assert _tally(fleet, pending={NODE: pending}).applied == count
+
+
+def test_once_carried_out_a_gpu_counts_from_the_status_that_was_published() -> None:
+    """The agent may report a layout before the operator has published it: Ready follows the
+    slices, not the agent, so a decision's published status and spec generation decide."""
+    fleet = _applied_fleet(1)
+    (decision,) = _decisions(fleet)
+    assert tally(fleet, "shared", [decision], {}).applied == 1
+    layout = fleet.nodes[NODE].layout
+    assert layout is not None
+    assert layout.status is not None
+    before_applied = layout.status.model_copy(update={"observed_generation": 1})
+    unpublished = replace(decision, spec_generation=2, published=before_applied)
+    assert tally(fleet, "shared", [unpublished], {}).applied == 0
+    published = replace(decision, spec_generation=2, published=layout.status)
+    assert tally(fleet, "shared", [published], {}).applied == 1
 
 
 def test_a_gpu_in_another_strategy_is_not_applied_whatever_the_agent_says() -> None:

@@ -302,3 +302,13 @@ def test_a_node_recorded_after_its_layout_keeps_labels_for_matching() -> None:
 
     assert fleet.nodes[NODE].labels == {"tessera.dev/pool": "mig"}
     assert [v.name for v in fleet.gpu_nodes()] == [NODE]
+
+
+def test_set_policy_says_whether_what_the_policy_asks_for_changed() -> None:
+    fleet = Fleet()
+    body = policy_body("p", strategy="MPS")
+    assert fleet.set_policy(body) is True, "a new policy"
+    assert fleet.set_policy(body) is False, "the same policy again (a resume after a restart)"
+    relabelled = {**body, "metadata": {**body["metadata"], "labels": {"team": "a"}}}
+    assert fleet.set_policy(relabelled) is False, "metadata alone asks for nothing new"
+    assert fleet.set_policy(policy_body("p", strategy="TimeSlicing")) is True

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from tessera.controller.state import ClaimHold, DrainState, Fleet, NodeView
 from tessera.dra.devices import build_gpu_devices
 from tessera.models.devices import DeviceKind, DeviceRef
-from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec
+from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec, NodeLayoutStatus
 from tessera.models.policy import DrainMode, DrainSpec, Strategy
 from tessera.planner.fleet import FleetPlan, GpuPlan, NodeInventory, plan_fleet
 from tessera.planner.gpu import PlanErrorReason
@@ -48,6 +48,12 @@ class NodeDecision:
     gpus: tuple[GpuDecision, ...]
     plan: FleetPlan
     evict: tuple[tuple[str, str], ...] = ()
+    # Set by the operator once the decision is carried out: the policies' epoch it was made
+    # in, the NodeLayout generation its spec landed in, and the agent status its slices were
+    # published from. A policy is Ready only on what has been published for its latest spec.
+    epoch: int = 0
+    spec_generation: int | None = None
+    published: NodeLayoutStatus | None = None
 
     @property
     def drains(self) -> dict[str, DrainState]:

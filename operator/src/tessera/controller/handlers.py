@@ -69,8 +69,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
 @kopf.on.update(*POLICIES, registry=registry)
 async def policy_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
     controller = _controller(memo)
-    controller.fleet.set_policy(dict(body))
-    controller.enqueue_all()
+    if controller.fleet.set_policy(dict(body)):
+        controller.policies_changed()
     controller.status_changed()
 
 
@@ -78,7 +78,7 @@ async def policy_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
 async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
     controller = _controller(memo)
     controller.fleet.remove_policy(name)
-    controller.enqueue_all()  # its GPUs fall back to the next policy, or to Exclusive
+    controller.policies_changed()  # its GPUs fall back to the next policy, or to Exclusive
 
 
 # -- Nodes, NodeLayouts, ResourceClaims ----------------------------------------------------

@@ -31,16 +31,18 @@ class PolicyTally:
     timed_out: tuple[str, ...]
 
 
-def _applied(fleet: Fleet, node: str, decision: GpuDecision) -> bool:
-    """The agent reports the wanted layout as applied for the current NodeLayout generation."""
+def _applied(fleet: Fleet, node: NodeDecision, decision: GpuDecision) -> bool:
+    """The agent reports the wanted layout as applied for the current NodeLayout generation,
+    and (once the operator has carried the decision out) that report is what was published."""
     if not decision.settled:
         return False
-    view = fleet.nodes.get(node)
+    view = fleet.nodes.get(node.node)
     layout = view.layout if view is not None else None
-    if layout is None or layout.status is None:
+    if layout is None:
         return False
-    status = layout.status
-    if status.observed_generation is None or status.observed_generation != layout.metadata.generation:
+    status = node.published if node.published is not None else layout.status
+    generation = node.spec_generation if node.spec_generation is not None else layout.metadata.generation
+    if status is None or status.observed_generation is None or status.observed_generation != generation:
         return False
     gpu = status.gpu(decision.uuid)
     return gpu is not None and gpu.applied and gpu.strategy == (decision.target.strategy if decision.target else None)
@@ -83,7 +85,7 @@ def tally(
                 errors.append(f"{decision.node} GPU {gpu.index}: {gpu.error}")
             if gpu.drain is not None:
                 (timed_out if gpu.drain.timed_out else draining).append(gpu.drain.describe())
-            if not spec_pending.get(decision.node, False) and _applied(fleet, decision.node, gpu):
+            if not spec_pending.get(decision.node, False) and _applied(fleet, decision, gpu):
                 applied += 1
     return PolicyTally(
         len(nodes), gpus, applied, devices, tuple(conflicts), tuple(dict.fromkeys(errors)), tuple(draining),

@@ -1,10 +1,13 @@
-"""The operator's work loop: one queue of node names, one reconcile per node at a time.
+"""The operator's work loop: one queue of node names, a few reconciles at once (never two of
+the same node).
 
 Watch events (from the Kopf handlers in ``tessera.controller.handlers``) update the
 :class:`~tessera.controller.state.Fleet` and enqueue the nodes they touch; the loop decides
 (pure), then writes only what differs: NodeLayout.spec, the node's ResourceSlices (the
 fewest writes, see ``tessera.dra.diff``), evictions for timed-out ``Evict`` drains, and —
-debounced — every SharingPolicy status. Failed reconciles are retried with backoff.
+debounced — every SharingPolicy status. Failed reconciles are retried with backoff. Several
+nodes are reconciled at once (``workers``): a reconcile mostly waits for API round trips, so
+one at a time would publish a large fleet at the speed of the apiserver's latency.
 Not for: deciding (``decide``, ``policystatus``) or building slices (``tessera.dra``).
 """
 
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -40,7 +44,7 @@ DRAINING = Gauge("tessera_operator_draining_gpus", "GPUs waiting for claims to r
 class Controller:
     """Owns the fleet view, the queue, and every write."""
 
-    def __init__(self, api: Api, fleet: Fleet | None = None) -> None:
+    def __init__(self, api: Api, fleet: Fleet | None = None, workers: int = 8) -> None:
         self.api = api
         self.fleet = fleet or Fleet()
         self.decisions: dict[str, NodeDecision] = {}
@@ -48,7 +52,15 @@ class Controller:
         self.evicted: set[tuple[str, str]] = set()
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
+        self._active: set[str] = set()  # nodes being reconciled now
+        self._again: set[str] = set()  # nodes enqueued while being reconciled: once more afterwards
+        self.workers = workers
+        self._draining: dict[str, int] = {}  # node -> GPUs draining there (for the gauge)
+        self._pass_cost = 0.0  # seconds the last status pass spent computing
         self._failures: dict[str, int] = {}
+        self.policy_epoch = 0  # goes up whenever what a policy asks for changes
+        self._unswept: set[str] = set()  # nodes not reconciled since start: no status pass before
+        self._swept = asyncio.Event()
         self._status_dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -58,12 +70,20 @@ class Controller:
 
     def enqueue(self, *nodes: str) -> None:
         for node in nodes:
-            if node not in self._queued:
+            if node in self._active:
+                self._again.add(node)
+            elif node not in self._queued:
                 self._queued.add(node)
                 self._queue.put_nowait(node)
 
     def enqueue_all(self) -> None:
         self.enqueue(*sorted(self.fleet.nodes))
+
+    def policies_changed(self) -> None:
+        """Every node must be decided again; until it is, its GPUs do not count as applied."""
+        self.policy_epoch += 1
+        self.enqueue_all()
+        self.status_changed()
 
     def status_changed(self) -> None:
         self._status_dirty.set()
@@ -77,8 +97,12 @@ class Controller:
         await self.prime()
         await self._load_slices()
         await self.remove_orphans()
+        # A status pass on a half-swept fleet would count half the GPUs and write that.
+        self._unswept = set(self.fleet.nodes)
+        if not self._unswept:
+            self._swept.set()
         self._tasks = [
-            asyncio.create_task(self._work(), name="tessera-reconcile"),
+            *(asyncio.create_task(self._work(), name=f"tessera-reconcile-{i}") for i in range(self.workers)),
             asyncio.create_task(self._write_statuses(), name="tessera-policy-status"),
         ]
         self.ready.set()
@@ -133,6 +157,7 @@ class Controller:
         while True:
             node = await self._queue.get()
             self._queued.discard(node)
+            self._active.add(node)
             started = time.perf_counter()
             try:
                 await self.reconcile(node)
@@ -146,6 +171,13 @@ class Controller:
                 RECONCILES.labels("ok").inc()
             finally:
                 RECONCILE_SECONDS.observe(time.perf_counter() - started)
+                self._active.discard(node)
+                self._unswept.discard(node)
+                if not self._unswept:
+                    self._swept.set()
+                if node in self._again:
+                    self._again.discard(node)
+                    self.enqueue(node)
 
     def _retry(self, node: str, why: str) -> None:
         RECONCILES.labels("error").inc()
@@ -166,17 +198,22 @@ class Controller:
         if decision is None:  # no agent has reported here (yet): nothing of ours should be published
             await self._publish(node, view.uid, None, frozenset())
             self.decisions.pop(node, None)
+            self._set_draining(node, 0)
             self.status_changed()
             return
+        epoch = self.policy_epoch
         layout = view.layout
         assert layout is not None  # decide_node returned a decision
+        generation = layout.metadata.generation
         if decision.spec != layout.spec:
             body = await self._write(
                 "nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube())
             )
+            generation = body["metadata"].get("generation")
             self.fleet.set_layout(body)
             log.info("wrote NodeLayout spec", node=node, gpus=len(decision.spec.gpus))
         await self._publish(node, view.uid, layout.status, decision.draining_devices)
+        decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status)
         for namespace, pod in decision.evict:
             if (namespace, pod) not in self.evicted and await self._write(
                 "pod/eviction", self.api.evict_pod(namespace, pod)
@@ -192,8 +229,16 @@ class Controller:
                     log.info("draining GPU before changing its layout", node=node, gpu=drain.gpu_index,
                              waiting_for=drain.describe())
         self.decisions[node] = decision
-        DRAINING.set(sum(len(d.drains) for d in self.decisions.values()))
+        self._set_draining(node, len(decision.drains))
         self.status_changed()
+
+    def _set_draining(self, node: str, gpus: int) -> None:
+        """Keep the gauge without summing over every node's decision on each reconcile."""
+        if gpus:
+            self._draining[node] = gpus
+        else:
+            self._draining.pop(node, None)
+        DRAINING.set(sum(self._draining.values()))
 
     def _drain_deadline(self, drain: DrainState) -> float:
         policy = self.fleet.policies.get(drain.policy or "")
@@ -244,15 +289,19 @@ class Controller:
             meta = item["metadata"]
             await self._write("resourceslice/delete", self.api.delete_slice(meta["name"], meta.get("uid")))
         self.decisions.pop(node, None)
+        self._set_draining(node, 0)
         self.fleet.remove_node(node)
         self.status_changed()
 
     # -- SharingPolicy status --------------------------------------------------------------
 
     async def _write_statuses(self) -> None:
+        await self._swept.wait()
         while True:
             await self._status_dirty.wait()
-            await asyncio.sleep(0.2)  # let a burst of reconciles land first
+            # Let a burst of reconciles land first. A pass costs time in proportion to the fleet,
+            # so passes are spaced to spend at most a tenth of the time computing statuses.
+            await asyncio.sleep(max(0.2, 10 * self._pass_cost))
             self._status_dirty.clear()
             try:
                 await self.write_policy_statuses()
@@ -263,8 +312,9 @@ class Controller:
                 self._status_dirty.set()
 
     async def write_policy_statuses(self) -> None:
-        pending = dict.fromkeys(self.decisions, False)
+        pending = {node: d.epoch < self.policy_epoch for node, d in self.decisions.items()}
         decisions = list(self.decisions.values())
+        self._pass_cost = 0.0
         for name, body in sorted(self.fleet.policy_bodies.items()):
             policy = self.fleet.policies.get(name)
             if policy is None:
@@ -274,7 +324,9 @@ class Controller:
                 previous = SharingPolicyStatus.model_validate(previous_raw) if previous_raw else None
             except ValueError:
                 previous = None
+            started = time.perf_counter()
             status = policy_status(policy, tally(self.fleet, name, decisions, pending), previous)
+            self._pass_cost += time.perf_counter() - started
             if previous is not None and status == previous:
                 continue
             await self._write("sharingpolicy/status", self.api.patch_policy_status(name, status.to_kube()))

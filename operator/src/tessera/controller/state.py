@@ -100,8 +100,10 @@ class Fleet:
 
     # -- updates from watch events ---------------------------------------------------------
 
-    def set_policy(self, body: Mapping[str, Any]) -> None:
+    def set_policy(self, body: Mapping[str, Any]) -> bool:
+        """Record a policy; True when what it asks for changed (its spec, or whether it parses)."""
         name = str(body["metadata"]["name"])
+        before = self.policies.get(name), self.policy_errors.get(name)
         self.policy_bodies[name] = dict(body)
         try:
             self.policies[name] = SharingPolicy.model_validate(
@@ -111,6 +113,8 @@ class Fleet:
         except ValidationError as exc:
             self.policies.pop(name, None)
             self.policy_errors[name] = _validation_message(exc)
+        after = self.policies.get(name), self.policy_errors.get(name)
+        return (before[0].spec if before[0] else None, before[1]) != (after[0].spec if after[0] else None, after[1])
 
     def remove_policy(self, name: str) -> None:
         self.policies.pop(name, None)

@@ -1,0 +1,612 @@
+"""Benchmark: the operator over N simulated nodes x 8 GPUs on a real local control plane.
+
+    .venv/bin/python benchmarks/bench_operator.py [--nodes 10,100,500] [--simulate 8xH100-80GB]
+        [--concurrency 16] [--timeout 900] [--history] [--profile DIR]
+
+For each N: start etcd, kube-apiserver, controller manager and scheduler on loopback; apply
+``crds/`` and ``manifests/deviceclasses.yaml``; create N Nodes in one ``kubectl create``; start
+an in-process *agent fleet*; start the operator as a real ``python -m tessera operator``
+process; wait until it has published every node's Exclusive slices and gone quiet; apply one
+SharingPolicy selecting every node (static MIG, preset ``all-balanced``); time until every
+node's 8 ResourceSlices hold the 4 MIG devices each and the policy is Ready with
+``gpusApplied == 8N``; count the API writes the operator made for it (its own
+``tessera_operator_api_writes_total`` counters, by kind). Then a no-op resync: stop the
+operator, start a new one, wait until it has reconciled N nodes and made a SharingPolicy
+status pass, and report its writes (must be 0) and how many objects changed
+(resourceVersions of NodeLayouts, ResourceSlices and SharingPolicies before and after, so
+Kopf's own writes would show too). Peak RSS (VmHWM) of each operator process and of this
+process (the agent fleet plus the slice watcher), and CPU seconds per component during the
+rollout, are printed too.
+
+The agent fleet: 500 agent processes do not fit a 2-core machine, so one process runs every
+node's agent. Each node has a real ``tessera.agent.service.NodeAgent`` over its own in-memory
+``SimulatedBackend``, and its pass is the agent's own ``NodeAgent.reconcile_once`` (ensure
+the NodeLayout owned by the Node, read the spec, ``apply_layout`` on the simulated GPUs,
+``build_status``, write the status through the status subresource when it changed). Only the
+per-process plumbing differs: one watch on all NodeLayouts instead of one per node, a bounded
+pool of passes (``--concurrency``), no health thread, no HTTP server and no 30 s heartbeat
+(a heartbeat that finds nothing new rewrites an identical status, which the apiserver turns
+into a no-op).
+
+``--history`` prints every SharingPolicy status the rollout went through (as a watch saw it).
+``--profile DIR`` runs the first operator of each N under cProfile and prints its hottest
+functions (the profile also lands in DIR). Not a test: it prints figures and asserts nothing,
+but says "FAIL" where a no-op resync wrote something.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+from kubernetes_asyncio import client, watch
+
+from tessera.agent.service import AgentConfig, NodeAgent
+from tessera.agent.simulated import SimulatedBackend
+from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
+from tessera.kube.objects import Api
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import _die_with_parent, free_port
+from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
+from tessera.log import configure_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+LABEL = "tessera.dev/bench"
+POLICY = "bench-all-balanced"
+GPUS_PER_NODE = 8
+EXCLUSIVE: tuple[str, ...] = ("gpu",)
+ALL_BALANCED: tuple[str, ...] = ("1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb")
+WRITES = "tessera_operator_api_writes_total"
+RECONCILED = 'tessera_operator_reconciles_total{result="ok"}'
+FAILED = 'tessera_operator_reconciles_total{result="error"}'
+PASSES = "tessera_operator_policy_status_passes_total"
+
+log = structlog.get_logger("bench")
+T = TypeVar("T")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+async def wait_until(predicate: Callable[[], Awaitable[T | None] | T | None], timeout: float, what: str,
+                     interval: float = 0.25) -> T:
+    """Poll ``predicate`` until it returns something truthy; TimeoutError names ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def watch_forever(api_client: client.ApiClient, group: str, version: str, plural: str,
+                        on_event: Callable[[str, dict[str, Any]], None], label_selector: str = "") -> None:
+    """Call ``on_event(type, object)`` for every watch event, restarting the watch when it ends
+    (a restarted watch begins with an ADDED event for every object, as a list would)."""
+    custom = client.CustomObjectsApi(api_client)
+    kwargs: dict[str, Any] = {"timeout_seconds": 1800}
+    if label_selector:
+        kwargs["label_selector"] = label_selector
+    while True:
+        w = watch.Watch()
+        try:
+            async with w.stream(custom.list_cluster_custom_object, group, version, plural, **kwargs) as stream:
+                async for event in stream:
+                    on_event(event["type"], event["object"])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken watch is restarted, as the agent's is
+            log.debug("watch ended; restarting it", plural=plural, error=str(exc))
+            await asyncio.sleep(1.0)
+        finally:
+            w.stop()
+
+
+async def cancel(task: asyncio.Task[Any] | None) -> None:
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def proc_status(pid: int, key: str) -> int:
+    """A ``kB`` field of /proc/<pid>/status (VmHWM, VmRSS) in bytes; 0 if unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def cpu_by_child() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's children by name, and of this process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        comm_end = stat.rindex(")")
+        fields = stat[comm_end + 2:].split()
+        if int(fields[1]) != me:
+            continue
+        name = stat[stat.index("(") + 1:comm_end]
+        if name.startswith("python"):
+            name = "operator" if b"operator" in cmdline else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    times = os.times()
+    out["bench (fleet)"] = times.user + times.system
+    return out
+
+
+def writes_of(metrics: dict[str, float]) -> dict[str, int]:
+    """``{'resourceslice/update': 800, ...}`` from the operator's counters (zeros left out)."""
+    out: dict[str, int] = {}
+    for key, value in metrics.items():
+        if key.startswith(WRITES + "{") and value:
+            out[key.split('what="', 1)[1].split('"', 1)[0]] = int(value)
+    return out
+
+
+def minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v - before.get(k, 0)}
+
+
+def put_writes(fig: dict[str, str], title: str, writes: dict[str, int]) -> None:
+    """A total row, then one row per kind of write."""
+    fig[title] = str(sum(writes.values()))
+    section = title.split(":", 1)[0]
+    for kind, count in sorted(writes.items()):
+        fig[f"  {section}: {kind}"] = str(count)
+
+
+def mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+# -- the agent fleet --------------------------------------------------------------------------
+
+
+class AgentFleet:
+    """Every node's agent in this one process: a real NodeAgent per node, one shared watch."""
+
+    def __init__(self, api_client: client.ApiClient, nodes: list[str], simulate: str, concurrency: int) -> None:
+        self.api = api_client
+        self.agents = {
+            name: NodeAgent(AgentConfig(name, metrics_port=None), SimulatedBackend.from_spec(name, simulate, None),
+                            api_client)
+            for name in nodes
+        }
+        self.observed: dict[str, int | None] = {}  # generation each node's last good pass reported
+        self.gpus: dict[str, int] = {}
+        self.failed_passes = 0
+        self.concurrency = concurrency
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def enqueue(self, name: str) -> None:
+        if name not in self._queued:
+            self._queued.add(name)
+            self._queue.put_nowait(name)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work(), name=f"fleet-{i}") for i in range(self.concurrency)]
+        self._tasks.append(asyncio.create_task(self._watch(), name="fleet-watch"))
+        for name in self.agents:
+            self.enqueue(name)  # the first pass creates the NodeLayout (owned by its Node)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def reported(self) -> int:
+        """Nodes whose NodeLayout status lists every GPU."""
+        return sum(1 for n in self.agents if self.gpus.get(n) == GPUS_PER_NODE)
+
+    def status_writes(self) -> int:
+        total = 0.0
+        for agent in self.agents.values():
+            total += agent.metrics.registry.get_sample_value("tessera_agent_status_writes_total") or 0.0
+        return int(total)
+
+    async def _work(self) -> None:
+        while True:
+            name = await self._queue.get()
+            self._queued.discard(name)
+            status = await self.agents[name].reconcile_once()  # the agent's own pass; it logs its errors
+            if status is None:
+                self.failed_passes += 1
+                asyncio.get_running_loop().call_later(1.0, self.enqueue, name)
+                continue
+            self.observed[name] = status.observed_generation
+            self.gpus[name] = len(status.gpus)
+
+    async def _watch(self) -> None:
+        await watch_forever(self.api, GROUP, VERSION, PLURAL, self._on_event)
+
+    def _on_event(self, kind: str, body: dict[str, Any]) -> None:
+        """One watch on every NodeLayout: a spec change (a new generation) wakes that node's
+        agent, a status-only change (its own write) does not, as in ``NodeAgent._watch``."""
+        meta = body.get("metadata", {})
+        name = meta.get("name")
+        if name in self.agents and (kind == "DELETED" or meta.get("generation") != self.observed.get(name)):
+            self.enqueue(name)
+
+
+# -- what the operator published --------------------------------------------------------------
+
+
+class Published:
+    """What the operator published, kept by watches: every ResourceSlice of ours summarised as
+    (pool, sorted device kinds), and when the SharingPolicy last turned Ready with every GPU
+    applied. ``last_slice_event`` times the slice that completed a rollout."""
+
+    def __init__(self, api_client: client.ApiClient, policy: str, gpus: int) -> None:
+        self.api = api_client
+        self.policy, self.gpus = policy, gpus
+        self.slices: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.last_slice_event = 0.0
+        self.policy_ready_at: float | None = None
+        self.policy_history: list[tuple[float, str]] = []  # (when, "Ready=... reason gpusApplied/gpus")
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(watch_forever(self.api, "resource.k8s.io", "v1", "resourceslices", self._on_slice,
+                                              "app.kubernetes.io/managed-by=tessera")),
+            asyncio.create_task(watch_forever(self.api, "tessera.dev", "v1alpha1", "sharingpolicies",
+                                              self._on_policy)),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            await cancel(task)
+
+    def _on_slice(self, kind: str, body: dict[str, Any]) -> None:
+        self.last_slice_event = time.monotonic()
+        name = body.get("metadata", {}).get("name", "")
+        if kind == "DELETED":
+            self.slices.pop(name, None)
+            return
+        spec = body.get("spec", {})
+        kinds = sorted(
+            str(d.get("attributes", {}).get("migProfile", {}).get("string", "gpu")) for d in spec.get("devices") or []
+        )
+        self.slices[name] = (str(spec.get("pool", {}).get("name", "")), tuple(kinds))
+
+    def _on_policy(self, kind: str, body: dict[str, Any]) -> None:
+        if body.get("metadata", {}).get("name") != self.policy:
+            return
+        status = body.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", []))
+        summary = " ".join(
+            f"{c.get('type')}={c.get('status')}/{c.get('reason')}" for c in status.get("conditions", [])
+        ) + f" applied {status.get('gpusApplied')}/{status.get('gpus')}"
+        if not self.policy_history or self.policy_history[-1][1] != summary:
+            self.policy_history.append((time.monotonic(), summary))
+        if kind != "DELETED" and ready and status.get("gpusApplied") == self.gpus and status.get("gpus") == self.gpus:
+            if self.policy_ready_at is None:
+                self.policy_ready_at = time.monotonic()
+        else:
+            self.policy_ready_at = None
+
+    def complete(self, nodes: list[str], expected: tuple[str, ...]) -> int:
+        """Nodes whose pool is exactly 8 slices ``<node>-tessera-gpu-<i>``, each with ``expected``."""
+        pools: dict[str, dict[str, tuple[str, ...]]] = {}
+        for name, (pool, kinds) in self.slices.items():
+            pools.setdefault(pool, {})[name] = kinds
+        done = 0
+        for node in nodes:
+            have = pools.get(node, {})
+            want = {f"{node}-tessera-gpu-{i}" for i in range(GPUS_PER_NODE)}
+            if set(have) == want and all(kinds == expected for kinds in have.values()):
+                done += 1
+        return done
+
+
+# -- the operator -----------------------------------------------------------------------------
+
+
+def start_operator(processes: TesseraProcesses, name: str, profile: Path | None) -> TesseraProcess:
+    """``python -m tessera operator`` as TesseraProcesses starts it, optionally under cProfile."""
+    if profile is None:
+        return processes.operator(name)
+    processes.folder.mkdir(parents=True, exist_ok=True)
+    log_file = processes.folder / f"{name}.log"
+    metrics, health = free_port(), free_port()
+    env = {**os.environ, "KUBECONFIG": str(processes.cluster.kubeconfig), "TESSERA_LOG_JSON": "1"}
+    argv = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "tessera", "operator",
+            "--metrics-port", str(metrics), "--health-port", str(health)]
+    with log_file.open("ab") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                 preexec_fn=_die_with_parent)
+    process = TesseraProcess(name, popen, log_file, metrics, health)
+    processes.processes.append(process)
+    return process
+
+
+async def settle(process: TesseraProcess, quiet: float, timeout: float) -> dict[str, float]:
+    """The operator's metrics once reconciles, status passes and writes stopped moving for ``quiet`` s."""
+    def moving(m: dict[str, float]) -> tuple[float, ...]:
+        return (m.get(RECONCILED, 0), m.get(FAILED, 0), m.get(PASSES, 0), sum(writes_of(m).values()))
+
+    deadline = time.monotonic() + timeout
+    last = await asyncio.to_thread(process.metrics)
+    still_since = time.monotonic()
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        now = await asyncio.to_thread(process.metrics)
+        if moving(now) != moving(last) or not now:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since >= quiet:
+            return now
+    raise TimeoutError(f"the operator did not go quiet within {timeout:.0f}s")
+
+
+def stop_operator(processes: TesseraProcesses, process: TesseraProcess) -> None:
+    process.stop(timeout=30)
+    processes.processes.remove(process)
+
+
+def print_profile(path: Path, top: int = 30) -> None:
+    out = io.StringIO()
+    stats = pstats.Stats(str(path), stream=out)
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+    print(out.getvalue())
+
+
+# -- one run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    nodes: int
+    figures: dict[str, str] = field(default_factory=dict)
+    noop_ok: bool = True
+
+
+def node_list(names: list[str]) -> str:
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+    items = [{
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, LABEL: "fleet"}},
+        "status": {
+            "capacity": resources, "allocatable": resources,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "simulated node (no kubelet)", "lastHeartbeatTime": now,
+                            "lastTransitionTime": now}],
+        },
+    } for name in names]
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+
+
+async def versions(api: Api) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for group, version, plural in (("tessera.dev", "v1alpha1", "nodelayouts"),
+                                   ("resource.k8s.io", "v1", "resourceslices"),
+                                   ("tessera.dev", "v1alpha1", "sharingpolicies")):
+        for item in await api.list_all(group, version, plural):
+            out[f"{plural}/{item['metadata']['name']}"] = item["metadata"]["resourceVersion"]
+    return out
+
+
+async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
+    result = Result(n)
+    fig = result.figures
+    phase_timeout = float(args.timeout)
+    nodes = [f"bench-{i:04d}" for i in range(n)]
+    gpus = n * GPUS_PER_NODE
+    print(f"\n== N={n} nodes x {GPUS_PER_NODE} GPUs ({args.simulate}) ==", flush=True)
+
+    started = time.monotonic()
+    cluster = await asyncio.to_thread(LocalCluster.start)
+    processes = TesseraProcesses(cluster, workdir / f"n{n}")
+    api_client = await cluster.api_client()
+    api = Api(api_client)
+    fleet: AgentFleet | None = None
+    published = Published(api_client, POLICY, gpus)
+    try:
+        print(f"control plane up in {time.monotonic() - started:.1f}s", flush=True)
+        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
+        t = time.monotonic()
+        cluster.kubectl("create", "-o", "name", "-f", "-", input=node_list(nodes), timeout=phase_timeout)
+        fig["create N Nodes (one kubectl create)"] = f"{time.monotonic() - t:.1f}s"
+
+        t = time.monotonic()
+        fleet = agents = AgentFleet(api_client, nodes, args.simulate, args.concurrency)
+        agents.start()
+        await wait_until(lambda: agents.reported() == n, phase_timeout,
+                         "every NodeLayout to report its GPUs")
+        fig["agent fleet: N NodeLayouts with 8 GPUs"] = f"{time.monotonic() - t:.1f}s"
+        print(f"agent fleet ready: {n} NodeLayouts report {GPUS_PER_NODE} GPUs", flush=True)
+        published.start()
+
+        # The operator's first start: no policy, so every GPU becomes Exclusive and is published.
+        profile = Path(args.profile) / f"operator-n{n}.prof" if args.profile else None
+        t = time.monotonic()
+        operator = start_operator(processes, "operator", profile)
+        await wait_until(lambda: published.complete(nodes, EXCLUSIVE) == n, phase_timeout,
+                         "the operator to publish every node's Exclusive GPUs")
+        fig["first start: all Exclusive slices published"] = f"{time.monotonic() - t:.1f}s"
+        before = await settle(operator, quiet=3.0, timeout=phase_timeout)
+        put_writes(fig, "first start: operator API writes", writes_of(before))
+        print(f"operator published {n * GPUS_PER_NODE} Exclusive slices; applying the policy", flush=True)
+
+        # The policy rollout.
+        policy = {
+            "apiVersion": "tessera.dev/v1alpha1",
+            "kind": "SharingPolicy",
+            "metadata": {"name": POLICY},
+            "spec": {"nodeSelector": {"matchLabels": {LABEL: "fleet"}}, "strategy": "MIG",
+                     "mig": {"preset": "all-balanced"}},
+        }
+        cpu_before = cpu_by_child()
+        fleet_writes = fleet.status_writes()
+        t0 = time.monotonic()
+        cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(policy))
+        published_at: float | None = None
+
+        def rolled_out() -> bool:
+            nonlocal published_at
+            if published_at is None and published.complete(nodes, ALL_BALANCED) == n:
+                published_at = published.last_slice_event  # the event that completed it
+            return published_at is not None and published.policy_ready_at is not None
+
+        await wait_until(rolled_out, phase_timeout, "every node to publish the MIG layout and the policy to be Ready")
+        ready_at = published.policy_ready_at
+        assert published_at is not None
+        assert ready_at is not None
+        after = await settle(operator, quiet=3.0, timeout=phase_timeout)
+        quiet_at = time.monotonic() - 3.0
+        cpu_after = cpu_by_child()
+        fig["policy -> all 8N slices show MIG layout"] = f"{published_at - t0:.1f}s"
+        fig["policy -> Ready, gpusApplied == 8N"] = f"{ready_at - t0:.1f}s"
+        fig["policy -> operator quiet"] = f"{quiet_at - t0:.1f}s"
+        put_writes(fig, "policy: operator API writes", minus(writes_of(after), writes_of(before)))
+        fig["policy: operator reconciles (ok/error)"] = (
+            f"{int(after.get(RECONCILED, 0) - before.get(RECONCILED, 0))}"
+            f"/{int(after.get(FAILED, 0) - before.get(FAILED, 0))}"
+        )
+        events = json.loads(cluster.kubectl("get", "events", "-n", "default", "-o", "json").stdout)["items"]
+        reasons: dict[str, int] = {}
+        for event in events:
+            if event.get("involvedObject", {}).get("kind") == "SharingPolicy":
+                reason = str(event.get("reason", ""))
+                reasons[reason] = reasons.get(reason, 0) + int(event.get("count") or 1)
+        if args.history:
+            print("SharingPolicy status as the watch saw it (s after applying):")
+            for when, summary in published.policy_history:
+                print(f"  {when - t0:7.2f}  {summary}")
+        fig["policy: Events by reason"] = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "0"
+        fig["policy: SharingPolicy status passes"] = f"{int(after.get(PASSES, 0) - before.get(PASSES, 0))}"
+        fig["policy: agent status writes (fleet)"] = f"{fleet.status_writes() - fleet_writes}"
+        cpu = {k: cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0) for k in cpu_after}
+        fig["policy: CPU s (operator/apiserver/etcd/fleet)"] = (
+            f"{cpu.get('operator', 0):.1f}/{cpu.get('kube-apiserver', 0):.1f}/{cpu.get('etcd', 0):.1f}"
+            f"/{cpu.get('bench (fleet)', 0):.1f}"
+        )
+        fig["operator peak RSS (VmHWM), first run"] = mib(proc_status(operator.popen.pid, "VmHWM"))
+
+        # The no-op resync: a new operator process finds everything as it should be.
+        rv_before = await versions(api)
+        stop_operator(processes, operator)
+        if profile is not None:
+            print(f"-- cProfile of the first operator (N={n}), {profile} --")
+            print_profile(profile)
+        t1 = time.monotonic()
+        restarted = start_operator(processes, "operator-restarted", None)
+
+        def reconciled() -> dict[str, float] | None:
+            m = restarted.metrics()
+            return m if m.get(RECONCILED, 0) >= n and m.get(PASSES, 0) >= 1 else None
+
+        await wait_until(reconciled, phase_timeout, "the restarted operator to reconcile every node")
+        fig["resync: start -> N reconciled + status pass"] = f"{time.monotonic() - t1:.1f}s"
+        resynced = await settle(restarted, quiet=3.0, timeout=phase_timeout)
+        rv_after = await versions(api)
+        changed = sorted(k for k in rv_after.keys() | rv_before.keys() if rv_after.get(k) != rv_before.get(k))
+        writes = writes_of(resynced)
+        result.noop_ok = not writes and not changed
+        put_writes(fig, "resync: operator API writes (must be 0)", writes)
+        if writes:
+            fig["resync: operator API writes (must be 0)"] += " FAIL"
+        fig["resync: objects changed (resourceVersion)"] = (
+            f"{len(changed)} of {len(rv_after)}" + (f"  FAIL: {', '.join(changed[:5])}" if changed else "")
+        )
+        fig["resync: reconciles"] = f"{int(resynced.get(RECONCILED, 0))}"
+        fig["operator peak RSS (VmHWM), restarted"] = mib(proc_status(restarted.popen.pid, "VmHWM"))
+        fig["bench process peak RSS (fleet + watch)"] = mib(proc_status(os.getpid(), "VmHWM"))
+        fig["fleet failed passes"] = f"{fleet.failed_passes}"
+        return result
+    except BaseException:
+        for process in processes.processes:
+            print(f"-- {process.name} log ends --\n{process.tail(20)}", file=sys.stderr)
+        raise
+    finally:
+        await published.stop()
+        if fleet is not None:
+            await fleet.stop()
+        processes.stop_all()
+        await api_client.close()
+        await asyncio.to_thread(cluster.stop)
+
+
+def print_table(results: list[Result]) -> None:
+    rows = list(dict.fromkeys(k for r in results for k in r.figures))
+    head = ["N nodes (x 8 GPUs)"] + [str(r.nodes) for r in results]
+    width0 = max(len(head[0]), *(len(k) for k in rows))
+    widths = [max(len(head[i + 1]), *(len(r.figures.get(k, "-")) for k in rows)) for i, r in enumerate(results)]
+    print()
+    print(f"{head[0]:<{width0}}  " + "  ".join(f"{h:>{w}}" for h, w in zip(head[1:], widths, strict=True)))
+    print("-" * (width0 + sum(w + 2 for w in widths)))
+    for key in rows:
+        cells = [r.figures.get(key, "-") for r in results]
+        print(f"{key:<{width0}}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+
+
+async def run(args: argparse.Namespace) -> int:
+    counts = [int(x) for x in str(args.nodes).split(",") if x.strip()]
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
+        for n in counts:
+            try:
+                results.append(await asyncio.wait_for(run_one(n, args, Path(tmp)), timeout=args.timeout * 6))
+            except (TimeoutError, RuntimeError, OSError) as exc:
+                print(f"N={n} did not finish: {exc}", file=sys.stderr)
+                break
+    print("\nAgents: one in-process fleet running the real NodeAgent.reconcile_once per node (apply_layout on a")
+    print("SimulatedBackend, build_status, status subresource write); only the per-process plumbing differs.")
+    print("Operator: a real `python -m tessera operator` process; writes are its own api_writes counters.")
+    print_table(results)
+    return 0 if results and all(r.noop_ok for r in results) and len(results) == len(counts) else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="10,100,500", help="comma-separated node counts (default 10,100,500)")
+    parser.add_argument("--simulate", default=f"{GPUS_PER_NODE}xH100-80GB", help="each node's GPUs (8 of them)")
+    parser.add_argument("--concurrency", type=int, default=16, help="agent passes at once in the fleet")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds each phase may take")
+    parser.add_argument("--history", action="store_true", help="print the SharingPolicy status history")
+    parser.add_argument("--profile", default=None, help="run the first operator under cProfile, profiles here")
+    args = parser.parse_args()
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+    configure_logging("warning")
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
