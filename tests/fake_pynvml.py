@@ -184,6 +184,10 @@ class FakeNvml:
     def nvmlDeviceGetPciInfo(self, h: Dev) -> _Obj:  # noqa: N802
         return _Obj(busId=f"00000000:{0x18 + h.index * 0x10:02X}:00.0".encode())
 
+    def nvmlDeviceGetMinorNumber(self, h: Dev) -> int:  # noqa: N802
+        # Not the index, so a test can tell the two apart (real drivers may differ too).
+        return 64 + h.index
+
     def nvmlDeviceGetNumaNodeId(self, h: Dev) -> int:  # noqa: N802
         raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # as on many single-socket hosts
 

@@ -229,3 +229,9 @@ def test_the_real_nvml_backend_reports_this_machine_without_raising() -> None:
         assert backend.wait_health_events(0.01) == [] or inv.gpus
     finally:
         backend.close()
+
+
+def test_the_nvml_backend_reads_the_driver_minor_number_the_simulated_one_does_not(tmp_path: Path) -> None:
+    hw, backend = make("nvml", tmp_path)
+    assert [g.minor for g in backend.inventory().gpus] == [64 + g.index for g in backend.inventory().gpus]
+    assert all(g.minor is None for g in SimulatedBackend(hw).inventory().gpus)

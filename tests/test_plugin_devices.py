@@ -4,11 +4,14 @@ profile and placement it was built from, and nothing else parses."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tessera.agent.backend import GpuInfo
+from tessera.agent.plugin.hardware import device_nodes
 from tessera.dra.devices import build_gpu_devices
 from tessera.models.catalog import KNOWN_PROFILE_NAMES, MEMORY_SLICES, MODELS
 from tessera.models.devices import (
@@ -79,3 +82,10 @@ def test_refs_that_cannot_exist_are_refused() -> None:
         gpu_device_name(-1)
     with pytest.raises(ValueError, match="has no MIG placement"):
         _ = DeviceRef(DeviceKind.GPU, 0).placement
+
+
+def test_a_gpus_device_node_follows_the_driver_minor_number_where_known(tmp_path: Path) -> None:
+    known = GpuInfo(uuid="GPU-a", index=0, product_name="NVIDIA H100 80GB HBM3", memory_mib=81559, minor=3)
+    unknown = GpuInfo(uuid="GPU-b", index=1, product_name="NVIDIA H100 80GB HBM3", memory_mib=81559)
+    assert device_nodes(tmp_path, known, None)[-1] == "/dev/nvidia3"
+    assert device_nodes(tmp_path, unknown, None)[-1] == "/dev/nvidia1"

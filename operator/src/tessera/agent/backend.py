@@ -149,6 +149,7 @@ class GpuInfo:
     product_name: str
     memory_mib: int
     multiprocessors: int = 0
+    minor: int | None = None  # the driver's minor number: /dev/nvidia<minor>; None when unknown
     cuda_compute_capability: str = ""
     architecture: str = ""
     pci_bus_id: str | None = None

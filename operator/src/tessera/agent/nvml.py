@@ -233,6 +233,7 @@ class NvmlBackend:
         arch = self._optional(lambda: _ARCHITECTURES.get(int(n.nvmlDeviceGetArchitecture(h)), ""), "")
         pci = self._optional(lambda: _s(n.nvmlDeviceGetPciInfo(h).busId), None)
         numa = self._optional(lambda: int(n.nvmlDeviceGetNumaNodeId(h)), None)
+        device_minor = self._optional(lambda: int(n.nvmlDeviceGetMinorNumber(h)), None)
         try:
             current, pending = n.nvmlDeviceGetMigMode(h)
             capable = True
@@ -253,6 +254,7 @@ class NvmlBackend:
             product_name=name,
             memory_mib=memory,
             multiprocessors=model.multiprocessors if model is not None else 0,
+            minor=device_minor,
             cuda_compute_capability=f"{major}.{minor}",
             architecture=arch,
             pci_bus_id=pci,

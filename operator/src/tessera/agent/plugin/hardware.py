@@ -41,11 +41,10 @@ class PluginBackend(Protocol):
 
 
 def gpu_minor(gpu: GpuInfo) -> int:
-    """The minor number of the GPU's ``/dev/nvidia<N>`` node.
-
-    The inventory does not carry the driver's minor number; on the machines NVIDIA supports
-    it equals the NVML index (both follow PCI bus order)."""
-    return gpu.index
+    """The minor number of the GPU's ``/dev/nvidia<N>`` node: the driver's, as NVML reports it
+    (``nvmlDeviceGetMinorNumber``); where a backend cannot tell, the NVML index, which follows
+    the same PCI bus order on the machines NVIDIA supports."""
+    return gpu.minor if gpu.minor is not None else gpu.index
 
 
 def read_cap_minor(access_file: Path) -> int | None:
