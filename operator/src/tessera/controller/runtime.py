@@ -29,8 +29,9 @@ from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.state import DrainState, Fleet
 from tessera.dra.devices import build_gpu_devices
 from tessera.dra.diff import orphaned_slices, plan_slice_writes
-from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, build_node_slices
+from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, build_slices_from_devices
 from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
+from tessera.models.layout import NodeLayoutStatus
 from tessera.models.policy import SharingPolicyStatus
 
 log = structlog.get_logger("tessera.operator")
@@ -223,11 +224,10 @@ class Controller:
         for drain in decision.drains.values():
             if not drain.timed_out:
                 self._later(node, self._drain_deadline(drain) - time.monotonic() + 0.05)
-        if previous is None or previous.drains.keys() != decision.drains.keys():
-            for uuid, drain in decision.drains.items():
-                if previous is None or uuid not in previous.drains:
-                    log.info("draining GPU before changing its layout", node=node, gpu=drain.gpu_index,
-                             waiting_for=drain.describe())
+        for uuid, drain in decision.drains.items():
+            if previous is None or uuid not in previous.drains:
+                log.info("draining GPU before changing its layout", node=node, gpu=drain.gpu_index,
+                         waiting_for=drain.describe())
         self.decisions[node] = decision
         self._set_draining(node, len(decision.drains))
         self.status_changed()
@@ -244,13 +244,16 @@ class Controller:
         policy = self.fleet.policies.get(drain.policy or "")
         return drain.since + (policy.spec.drain.timeout_seconds if policy is not None else 3600.0)
 
-    async def _publish(self, node: str, uid: str, status: Any, draining: frozenset[str]) -> None:
-        desired = build_node_slices(NodeRef(node, uid), status, draining)
+    async def _publish(
+        self, node: str, uid: str, status: NodeLayoutStatus | None, draining: frozenset[str]
+    ) -> None:
+        gpus = status.gpus if status is not None else []
+        devices = [build_gpu_devices(gpu, draining) for gpu in gpus]
+        for gpu, built in zip(gpus, devices, strict=True):
+            self.fleet.published_by_gpu[(node, gpu.uuid)] = len(built.devices)
+        desired = build_slices_from_devices(NodeRef(node, uid), devices)
         existing = self.slices.get(node, [])
         plan = plan_slice_writes(node, desired, existing)
-        if status is not None:
-            for gpu in status.gpus:
-                self.fleet.published_by_gpu[(node, gpu.uuid)] = len(build_gpu_devices(gpu, draining).devices)
         if not (plan.creates or plan.updates or plan.deletes):
             return
         current = {s["metadata"]["name"]: s for s in existing}
