@@ -330,3 +330,33 @@ async def test_an_operator_restart_writes_nothing_when_nothing_changed(
     writes = {k: v for k, v in metrics.items() if k.startswith("tessera_operator_api_writes_total") and v}
     assert writes == {}, f"a restart with nothing new wrote: {json.dumps(writes)}"
     assert versions() == before
+
+
+async def test_an_evict_drain_evicts_the_pods_holding_the_partition_after_its_timeout(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    gpu_node(cluster, tessera, "evict-a", "evict", "1xH100-80GB")
+    drain = {"mode": "Evict", "timeout": "2s"}
+    apply(cluster, policy("evict", "evict", {"strategy": "MIG", "mig": {"preset": "all-1g"}, "drain": drain}))
+    await wait_devices(cluster, "evict-a", lambda d: mig_profiles(d) == ["1g.10gb"] * 7, "seven 1g partitions")
+    apply(
+        cluster,
+        claim_template("one-g", namespace, "mig.tessera.dev"),
+        pod_with_claim("holder", namespace, "one-g", on_node("evict-a")),
+    )
+    await wait_for(lambda: allocated_devices(cluster, namespace, "holder"), timeout=60, message="the 1g claim")
+
+    apply(cluster, policy("evict", "evict", {"strategy": "MIG", "mig": {"preset": "whole"}, "drain": drain}))
+    # Past the timeout the operator asks for an eviction; with no kubelet the Pod then stays
+    # Terminating, which is as far as an eviction goes here.
+    evicted = await wait_for(
+        lambda: get(cluster, "pod", "holder", "-n", namespace)["metadata"].get("deletionTimestamp"),
+        timeout=60,
+        message="the Pod holding the partition to be evicted",
+    )
+    assert evicted
+    layout = get(cluster, "nodelayout", "evict-a")
+    assert [i["profile"] for g in layout["spec"]["gpus"] for i in g["migInstances"]] == ["1g.10gb"] * 7
+
+    delete_pod_now(cluster, namespace, "holder")
+    await wait_devices(cluster, "evict-a", lambda d: mig_profiles(d) == ["7g.80gb"], "the new layout", timeout=90)

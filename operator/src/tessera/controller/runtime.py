@@ -215,6 +215,8 @@ class Controller:
             log.info("wrote NodeLayout spec", node=node, gpus=len(decision.spec.gpus))
         await self._publish(node, view.uid, layout.status, decision.draining_devices)
         decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status)
+        if decision.evict:  # forget evictions of Pods that no claim is reserved for any more
+            self.evicted &= {pod for hold in self.fleet.claims.values() for pod in hold.pods}
         for namespace, pod in decision.evict:
             if (namespace, pod) not in self.evicted and await self._write(
                 "pod/eviction", self.api.evict_pod(namespace, pod)
