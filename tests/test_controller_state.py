@@ -220,6 +220,21 @@ def test_an_unreadable_layout_is_recorded_with_what_was_wrong() -> None:
     assert view.layout_error is None
 
 
+def test_an_unreadable_layout_keeps_the_last_one_that_could_be_read() -> None:
+    fleet = Fleet()
+    fleet.set_node(node_body())
+    fleet.set_layout(layout_body([gpu(0)]))
+    good = fleet.nodes[NODE].layout
+    broken = layout_body([gpu(0)])
+    broken["status"] = {"gpus": "not a list"}
+
+    fleet.set_layout(broken)
+
+    view = fleet.nodes[NODE]
+    assert view.layout is good, "never 'no layout', which would unpublish the node's devices"
+    assert view.layout_error is not None
+
+
 def test_removing_a_layout_forgets_it_and_its_error() -> None:
     fleet = Fleet()
     fleet.set_node(node_body())

@@ -194,6 +194,10 @@ class Controller:
         if view is None:
             await self._forget(node)
             return
+        if view.layout_error is not None:
+            # Nothing is decided on a NodeLayout we cannot read; the node stays as it is.
+            log.warning("cannot read the NodeLayout; leaving the node as it is", node=node, error=view.layout_error)
+            return
         previous = self.decisions.get(node)
         decision = decide_node(self.fleet, node, time.monotonic(), previous.drains if previous else None)
         if decision is None:  # no agent has reported here (yet): nothing of ours should be published

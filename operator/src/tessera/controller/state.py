@@ -160,8 +160,12 @@ class Fleet:
                 self.layouts[name] = layout
             else:
                 self.layouts.pop(name, None)
+        elif layout is not None:
+            view.layout, view.layout_error = layout, None
         else:
-            view.layout, view.layout_error = layout, error
+            # Keep the last NodeLayout we could read: acting on "no layout" would unpublish
+            # every device of the node over what may be a version skew between agent and us.
+            view.layout_error = error
         return name
 
     def remove_layout(self, name: str) -> None:
