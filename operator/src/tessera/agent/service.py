@@ -28,6 +28,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import ValidationError
 
 from tessera.agent.backend import BackendError, DeviceBackend
 from tessera.agent.reconciler import ApplyResult, apply_layout
@@ -176,8 +177,17 @@ class NodeAgent:
                 obj = await get_node_layout(self.api, self.config.node_name)
                 if obj is None:
                     return None
-            spec = NodeLayoutSpec.from_kube(obj.get("spec"))
-            previous = NodeLayoutStatus.from_kube(obj["status"]) if obj.get("status") else None
+            try:
+                spec = NodeLayoutSpec.from_kube(obj.get("spec"))
+            except ValidationError as e:
+                # A spec this agent cannot read (a newer operator?) changes nothing on the GPUs.
+                log.error("cannot read NodeLayout.spec; leaving the GPUs as they are", error=str(e))
+                self.metrics.passes.labels("error").inc()
+                return None
+            try:
+                previous = NodeLayoutStatus.from_kube(obj["status"]) if obj.get("status") else None
+            except ValidationError:
+                previous = None  # rewritten from what the hardware says
             generation = obj["metadata"].get("generation")
             result = await asyncio.to_thread(apply_layout, self.backend, spec)
             status = build_status(

@@ -1,0 +1,46 @@
+"""The agent's pass over a NodeLayout it cannot read: nothing on the GPUs changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tessera.agent import service
+from tessera.agent.service import AgentConfig, NodeAgent
+from tessera.agent.simulated import SimulatedBackend
+
+
+async def test_a_spec_the_agent_cannot_read_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = SimulatedBackend.from_spec("node-1", "1xH100-80GB", None)
+    gpu = backend.inventory().gpus[0]
+    unreadable = {
+        "metadata": {"name": "node-1", "generation": 2},
+        "spec": {
+            "gpus": [
+                {
+                    "uuid": gpu.uuid,
+                    "strategy": "MIG",
+                    "migInstances": [{"profile": "7g.80gb", "start": 0}],
+                    "fromTheFuture": True,
+                }
+            ]
+        },
+    }
+    writes: list[Any] = []
+
+    async def get(api: object, name: str) -> dict[str, Any]:
+        return unreadable
+
+    async def write(api: object, name: str, status: dict[str, Any]) -> None:
+        writes.append(status)
+
+    monkeypatch.setattr(service, "get_node_layout", get)
+    monkeypatch.setattr(service, "write_node_layout_status", write)
+    agent = NodeAgent(AgentConfig(node_name="node-1", metrics_port=None), backend, api_client=None)
+
+    assert await agent.reconcile_once() is None
+    after = backend.inventory().gpus[0]
+    assert not after.mig_mode_current, "MIG mode was not touched"
+    assert after.instances == ()
+    assert writes == []
