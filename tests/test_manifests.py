@@ -258,7 +258,8 @@ OPERATOR_RESOURCES = {
     ("", "nodes"): [("kube/objects.py", "list_node("), ("controller/handlers.py", '"nodes"')],
     ("resource.k8s.io", "resourceclaims"): [
         ("kube/objects.py", '"resourceclaims"'), ("controller/handlers.py", "CLAIMS")],
-    ("resource.k8s.io", "resourceslices"): [("kube/objects.py", '"resourceslices"')],
+    ("resource.k8s.io", "resourceslices"): [
+        ("kube/objects.py", '"resourceslices"'), ("controller/handlers.py", "SLICES")],
     ("", "pods/eviction"): [("kube/objects.py", "create_namespaced_pod_eviction")],
     ("", "events"): [("kube/objects.py", "create_namespaced_event"), (KOPF_EVENTS, "get_default_namespace")],
     ("apiextensions.k8s.io", "customresourcedefinitions"): [(KOPF_OBSERVER, "references.CRDS")],
@@ -315,7 +316,7 @@ def test_agent_cannot_write_specs_slices_or_other_objects() -> None:
     operator = operator_grants()
     assert "nodelayouts/status" not in {r for _, r in operator}, "status is the agent's"
     assert operator[("", "events")] == {"create"}
-    assert operator[("resource.k8s.io", "resourceslices")] == {"list", "create", "update", "delete"}
+    assert operator[("resource.k8s.io", "resourceslices")] == {"list", "watch", "create", "update", "delete"}
 
 
 def test_bindings_name_the_accounts_that_the_install_creates() -> None:

@@ -360,3 +360,21 @@ async def test_an_evict_drain_evicts_the_pods_holding_the_partition_after_its_ti
 
     delete_pod_now(cluster, namespace, "holder")
     await wait_devices(cluster, "evict-a", lambda d: mig_profiles(d) == ["7g.80gb"], "the new layout", timeout=90)
+
+
+async def test_a_slice_someone_else_deletes_is_published_again(
+    cluster: LocalCluster, tessera: TesseraProcesses
+) -> None:
+    # The kubelet wipes a driver's slices when its plugin goes away; when the agent is back,
+    # what it reports must be published again, whatever the operator wrote before.
+    gpu_node(cluster, tessera, "wiped-a", "wiped", "2xH100-80GB")
+    await wait_for(lambda: len(node_slices(cluster, "wiped-a")) == 2, timeout=60, message="two GPU slices")
+    cluster.kubectl("delete", "resourceslice", "wiped-a-tessera-gpu-1")
+    await wait_for(
+        lambda: (
+            [s["metadata"]["name"] for s in node_slices(cluster, "wiped-a")]
+            == ["wiped-a-tessera-gpu-0", "wiped-a-tessera-gpu-1"]
+        ),
+        timeout=60,
+        message="the deleted slice to be published again",
+    )

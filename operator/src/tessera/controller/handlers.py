@@ -1,9 +1,9 @@
 """Kopf handlers: thin adapters from watch events to the :class:`Controller`.
 
 SharingPolicies get create/update/resume/delete handlers (Kopf keeps its small bookkeeping
-in ``tessera.dev/`` annotations, never in our structural status); Nodes, NodeLayouts and
-ResourceClaims get plain event handlers, which store nothing on the objects — NodeLayouts
-can be large, and claims are not ours to annotate. Settings live in the one startup handler.
+in ``tessera.dev/`` annotations, never in our structural status); Nodes, NodeLayouts,
+ResourceClaims and our ResourceSlices get plain event handlers, which store nothing on the
+objects — NodeLayouts can be large, and claims are not ours to annotate. Settings live in the one startup handler.
 Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
 """
 
@@ -17,8 +17,9 @@ import kopf
 
 from tessera import API_GROUP
 from tessera.controller.runtime import Controller
+from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL
 from tessera.kube.client import make_api_client
-from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
+from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, SLICES, Api
 
 registry = kopf.OperatorRegistry()
 
@@ -119,3 +120,8 @@ async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     else:
         nodes = controller.fleet.set_claim(body)
     controller.enqueue(*sorted(nodes))
+
+
+@kopf.on.event(*SLICES, labels={MANAGED_BY_LABEL: MANAGED_BY}, registry=registry)
+async def slice_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    _controller(memo).slice_seen(str(event["type"]), dict(event["object"]))

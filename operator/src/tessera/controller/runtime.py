@@ -288,6 +288,28 @@ class Controller:
         log.info("published ResourceSlices", node=node, generation=plan.generation, created=len(plan.creates),
                  updated=len(plan.updates), deleted=len(plan.deletes))
 
+    def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:
+        """A watch event for one of our slices. Someone else's change (the kubelet wipes a
+        driver's slices when its plugin goes away; a person deletes one) makes the node's
+        slices be planned again from the truth; our own writes change nothing."""
+        pool = str((body.get("spec") or {}).get("pool", {}).get("name", ""))
+        name = str(body["metadata"]["name"])
+        if not pool or pool not in self.fleet.nodes:
+            return
+        cached = {str(s["metadata"]["name"]): s for s in self.slices.get(pool, [])}
+        known = cached.get(name)
+        if event_type == "DELETED":
+            if known is None:
+                return
+            del cached[name]
+        else:
+            version = body["metadata"].get("resourceVersion")
+            if known is not None and known["metadata"].get("resourceVersion") == version:
+                return
+            cached[name] = body
+        self.slices[pool] = sorted(cached.values(), key=lambda s: str(s["metadata"]["name"]))
+        self.enqueue(pool)
+
     async def _relist(self, node: str) -> None:
         items = await self.api.list_slices(f"{MANAGED_BY_LABEL}={MANAGED_BY}")
         self.slices[node] = [s for s in items if s.get("spec", {}).get("pool", {}).get("name") == node]

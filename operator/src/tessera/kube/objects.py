@@ -22,6 +22,7 @@ RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 POLICIES = (API_GROUP, API_VERSION, "sharingpolicies")
 LAYOUTS = (API_GROUP, API_VERSION, "nodelayouts")
 CLAIMS = (RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims")
+SLICES = (RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")
 
 
 class Api:
