@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 from pathlib import Path
+from typing import overload
 
 import structlog
 
@@ -28,7 +29,12 @@ from tessera.log import configure_logging
 log = structlog.get_logger(__name__)
 
 
+@overload
+def _env(name: str) -> str | None: ...
+@overload
+def _env(name: str, default: str) -> str: ...
 def _env(name: str, default: str | None = None) -> str | None:
+    """The flag's environment variable, ``TESSERA_<name>``."""
     return os.environ.get(f"TESSERA_{name}", default)
 
 
@@ -75,39 +81,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-json",
         action=argparse.BooleanOptionalAction,
-        default=True if _env_str("LOG_JSON", "") == "1" else None,
+        default=True if _env("LOG_JSON", "") == "1" else None,
         help="JSON logs (TESSERA_LOG_JSON=1; default: pretty on a terminal, JSON otherwise)",
     )
     _add_plugin_arguments(parser)
-
-
-def _env_str(name: str, default: str) -> str:
-    return os.environ.get(f"TESSERA_{name}", default)
 
 
 def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubelet-plugin",
         action=argparse.BooleanOptionalAction,
-        default=_env_str("KUBELET_PLUGIN", "true").lower() not in ("0", "false", "no"),
+        default=_env("KUBELET_PLUGIN", "true").lower() not in ("0", "false", "no"),
         help="serve the DRA kubelet plugin (TESSERA_KUBELET_PLUGIN, default on)",
     )
     parser.add_argument(
         "--kubelet-registry-dir",
         type=Path,
-        default=Path(_env_str("KUBELET_REGISTRY_DIR", str(DEFAULT_REGISTRY_DIR))),
+        default=Path(_env("KUBELET_REGISTRY_DIR", str(DEFAULT_REGISTRY_DIR))),
         help="the kubelet's plugin registry folder (TESSERA_KUBELET_REGISTRY_DIR)",
     )
     parser.add_argument(
         "--kubelet-plugin-dir",
         type=Path,
-        default=Path(_env_str("KUBELET_PLUGIN_DIR", str(DEFAULT_PLUGINS_DIR / DRIVER_NAME))),
+        default=Path(_env("KUBELET_PLUGIN_DIR", str(DEFAULT_PLUGINS_DIR / DRIVER_NAME))),
         help="the plugin's socket and checkpoint folder (TESSERA_KUBELET_PLUGIN_DIR)",
     )
     parser.add_argument(
         "--cdi-dir",
         type=Path,
-        default=Path(_env_str("CDI_DIR", str(DEFAULT_CDI_DIR))),
+        default=Path(_env("CDI_DIR", str(DEFAULT_CDI_DIR))),
         help="where CDI specs are written (TESSERA_CDI_DIR)",
     )
 
@@ -154,8 +156,9 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
                 plugin_config, backend, api, agent.stopping, lambda _: started.set(), agent.request_resync
             )
             plugin_task = asyncio.create_task(plugin, name="kubelet-plugin")
-            done, _ = await asyncio.wait({plugin_task, asyncio.create_task(started.wait())},
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {plugin_task, asyncio.create_task(started.wait())}, return_when=asyncio.FIRST_COMPLETED
+            )
             if plugin_task in done:
                 plugin_task.result()  # it failed to start: raise why
         await agent.run()
