@@ -118,9 +118,9 @@ def carry_taint_times(desired: ResourceSlice, existing: ResourceSlice | None) ->
 
 def _comparable_spec(spec: dict[str, Any], desired_spec: dict[str, Any]) -> Any:
     """``spec`` as comparable, without taint times the desired spec leaves to the server."""
-    spec = copy.deepcopy(spec)
+    out = _normal(spec)  # a fresh structure: editing it leaves ``spec`` alone
     desired_devices = {d["name"]: d for d in desired_spec.get("devices") or []}
-    for device in spec.get("devices") or []:
+    for device in out.get("devices") or []:
         desired_taints = {
             _taint_key(device["name"], t): t for t in (desired_devices.get(device["name"], {}).get("taints") or [])
         }
@@ -128,7 +128,7 @@ def _comparable_spec(spec: dict[str, Any], desired_spec: dict[str, Any]) -> Any:
             wanted = desired_taints.get(_taint_key(device["name"], taint))
             if wanted is None or "timeAdded" not in wanted:
                 taint.pop("timeAdded", None)
-    return _normal(spec)
+    return out
 
 
 def slice_differs(existing: ResourceSlice, desired: ResourceSlice) -> bool:
@@ -144,9 +144,9 @@ def slice_differs(existing: ResourceSlice, desired: ResourceSlice) -> bool:
 
 
 def _with_generation(desired: ResourceSlice, generation: int) -> ResourceSlice:
-    out = copy.deepcopy(desired)
-    out["spec"]["pool"]["generation"] = generation
-    return out
+    """``desired`` with ``generation``; shares everything else with it (nothing edits either)."""
+    spec = desired["spec"]
+    return {**desired, "spec": {**spec, "pool": {**spec["pool"], "generation": generation}}}
 
 
 def _update_body(desired: ResourceSlice, existing: ResourceSlice) -> ResourceSlice:
