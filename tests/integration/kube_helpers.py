@@ -14,8 +14,7 @@ DRIVER = "gpu.tessera.dev"
 
 
 def get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
-    return out
+    return cluster.get_json(*args)
 
 
 def get_or_none(cluster: LocalCluster, *args: str) -> dict[str, Any] | None:
@@ -27,8 +26,7 @@ def get_or_none(cluster: LocalCluster, *args: str) -> dict[str, Any] | None:
 
 
 def apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
-    items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(items))
+    cluster.apply_objects(list(objects))
 
 
 def claim_of(cluster: LocalCluster, namespace: str, pod_name: str) -> dict[str, Any] | None:

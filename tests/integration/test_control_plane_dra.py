@@ -5,7 +5,6 @@ controller manager makes from templates and kube-scheduler allocates and binds."
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -13,32 +12,12 @@ import pytest
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.workloads import claim_template, pod_with_claim
+from tests.integration.kube_helpers import allocation, apply, get, unschedulable
 
 pytestmark = pytest.mark.integration
 
 DRIVER = "cp-test.tessera.dev"
 OURS = f'device.driver == "{DRIVER}"'
-
-
-def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
-    return out
-
-
-def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
-    items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(items))
-
-
-def _allocation(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
-    """The allocation of the Pod's generated claim, once the scheduler has made it."""
-    status = _get(cluster, "pod", pod, "-n", namespace).get("status", {})
-    names = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses", [])]
-    if not names or not names[0]:
-        return None
-    claim = _get(cluster, "resourceclaim", names[0], "-n", namespace)
-    allocation: dict[str, Any] | None = claim.get("status", {}).get("allocation")
-    return allocation
 
 
 def _device_class(name: str, cel: str) -> dict[str, Any]:
@@ -53,7 +32,7 @@ def _device_class(name: str, cel: str) -> dict[str, Any]:
 async def test_scheduler_allocates_consumable_capacity_and_counters(cluster: LocalCluster, namespace: str) -> None:
     node = "cp-node-1"
     cluster.add_node(node, labels={"tessera.dev/test": "control-plane"})
-    _apply(
+    apply(
         cluster,
         _device_class("cp-shared", f'{OURS} && device.attributes["{DRIVER}"].type == "share"'),
         _device_class("cp-partition", f'{OURS} && device.attributes["{DRIVER}"].type == "partition"'),
@@ -112,7 +91,7 @@ async def test_scheduler_allocates_consumable_capacity_and_counters(cluster: Loc
 
     # Shares: 1500Mi is rounded up to the next 1Gi step; three claims (2Gi + 1Gi + 1Gi) fit 4Gi,
     # a fourth does not.
-    _apply(
+    apply(
         cluster,
         claim_template("share-1500mi", namespace, "cp-shared", capacity={"memory": "1500Mi"}),
         claim_template("share-default", namespace, "cp-shared"),
@@ -125,7 +104,7 @@ async def test_scheduler_allocates_consumable_capacity_and_counters(cluster: Loc
     allocations = {}
     for pod in ("share-a", "share-b", "share-c"):
         allocations[pod] = await wait_for(
-            lambda p=pod: _allocation(cluster, namespace, p), timeout=60, message=f"{pod}'s claim to be allocated"
+            lambda p=pod: allocation(cluster, namespace, p), timeout=60, message=f"{pod}'s claim to be allocated"
         )
     consumed = {pod: alloc["devices"]["results"][0]["consumedCapacity"]["memory"] for pod, alloc in allocations.items()}
     assert consumed == {"share-a": "2Gi", "share-b": "1Gi", "share-c": "1Gi"}
@@ -133,44 +112,37 @@ async def test_scheduler_allocates_consumable_capacity_and_counters(cluster: Loc
     share_ids = {a["devices"]["results"][0]["shareID"] for a in allocations.values()}
     assert len(share_ids) == 3, "each allocation of a shared device gets its own share ID"
     for pod in ("share-a", "share-b", "share-c"):
-        bound = _get(cluster, "pod", pod, "-n", namespace)
+        bound = get(cluster, "pod", pod, "-n", namespace)
         assert bound["spec"]["nodeName"] == node
 
-    _apply(cluster, pod_with_claim("share-d", namespace, "share-default"))
+    apply(cluster, pod_with_claim("share-d", namespace, "share-default"))
     await _wait_unschedulable(cluster, namespace, "share-d")
-    assert _allocation(cluster, namespace, "share-d") is None
+    assert allocation(cluster, namespace, "share-d") is None
 
     # Counters: 8 memory slices, partitions of 4: two fit, the third is refused.
     for i in range(3):
-        _apply(cluster, pod_with_claim(f"part-{i}", namespace, "partition"))
+        apply(cluster, pod_with_claim(f"part-{i}", namespace, "partition"))
     await _wait_unschedulable(cluster, namespace, "part-0", "part-1", "part-2", count=1)
-    allocated = [p for p in ("part-0", "part-1", "part-2") if _allocation(cluster, namespace, p)]
+    allocated = [p for p in ("part-0", "part-1", "part-2") if allocation(cluster, namespace, p)]
     assert len(allocated) == 2
     devices = set()
     for pod in allocated:
-        allocation = _allocation(cluster, namespace, pod)
-        assert allocation is not None
-        devices.add(allocation["devices"]["results"][0]["device"])
+        result = allocation(cluster, namespace, pod)
+        assert result is not None
+        devices.add(result["devices"]["results"][0]["device"])
     assert len(devices) == 2
     assert devices <= {"part-0", "part-1", "part-2"}
 
     # The CEL selector really selects: no device has more than 100Gi.
-    _apply(cluster, pod_with_claim("huge", namespace, "huge"))
+    apply(cluster, pod_with_claim("huge", namespace, "huge"))
     await _wait_unschedulable(cluster, namespace, "huge")
 
 
 async def _wait_unschedulable(cluster: LocalCluster, namespace: str, *pods: str, count: int | None = None) -> None:
     """Wait until ``count`` (default: all) of ``pods`` carry PodScheduled=False/Unschedulable."""
     want = len(pods) if count is None else count
-
-    def unschedulable() -> bool:
-        n = 0
-        for pod in pods:
-            conditions = _get(cluster, "pod", pod, "-n", namespace).get("status", {}).get("conditions", [])
-            n += any(
-                c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
-                for c in conditions
-            )
-        return n == want
-
-    await wait_for(unschedulable, timeout=60, message=f"{want} of {pods} to be unschedulable")
+    await wait_for(
+        lambda: sum(unschedulable(cluster, namespace, p) for p in pods) == want,
+        timeout=60,
+        message=f"{want} of {pods} to be unschedulable",
+    )

@@ -39,6 +39,7 @@ from tessera.localcluster.workloads import claim_template, on_node, pod_with_cla
 from tessera.models.devices import DeviceKind, parse_device_name
 from tessera.models.layout import GpuLayout, PlacedInstance
 from tessera.models.policy import MpsSpec, Strategy
+from tests.integration.kube_helpers import apply, claim_of, get
 from tests.plugin_helpers import STATIC_MIG, PluginDirs, make_backend, short_tmp_dir
 
 pytestmark = pytest.mark.integration
@@ -60,21 +61,9 @@ def _desired(gpu: GpuInfo) -> GpuLayout | None:
     return None
 
 
-def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
-
-
-def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
-    return out
-
-
 def _allocated_claim(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
-    statuses = _get(cluster, "pod", pod, "-n", namespace).get("status", {}).get("resourceClaimStatuses", [])
-    if not statuses or not statuses[0].get("resourceClaimName"):
-        return None
-    claim = _get(cluster, "resourceclaim", statuses[0]["resourceClaimName"], "-n", namespace)
-    return claim if claim.get("status", {}).get("allocation") else None
+    claim = claim_of(cluster, namespace, pod)
+    return claim if claim is not None and claim.get("status", {}).get("allocation") else None
 
 
 def _claim_msg(claim: dict[str, Any]) -> dra_v1_pb2.Claim:
@@ -101,12 +90,12 @@ async def scheduled(cluster: LocalCluster, backend: SimulatedBackend) -> AsyncIt
     inventory = backend.inventory()
     statuses = [gpu_status(g, _desired(g), None, inventory.driver_version) for g in inventory.gpus]
     slices = build_node_slices(NodeRef(NODE, node["metadata"]["uid"]), statuses)
-    _apply(cluster, *device_classes(), *slices)
+    apply(cluster, *device_classes(), *slices)
     namespace = "plugin-e2e"
     cluster.kubectl("create", "namespace", namespace)
     await wait_for(lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False)
                    .returncode == 0, timeout=30, message="the default ServiceAccount")
-    _apply(
+    apply(
         cluster,
         claim_template("static-3g", namespace, "mig.tessera.dev",
                   f'{ATTR}.strategy == "MIG" && {ATTR}.migProfile == "3g.40gb"'),
@@ -122,12 +111,12 @@ async def scheduled(cluster: LocalCluster, backend: SimulatedBackend) -> AsyncIt
         claims[pod] = await wait_for(lambda p=pod: _allocated_claim(cluster, namespace, p), timeout=90,
                                      message=f"{pod}'s claim to be allocated")
     # A claim nobody allocated (no Pod uses it).
-    _apply(cluster, {
+    apply(cluster, {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": "unallocated", "namespace": namespace},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "whole-gpu.tessera.dev"}}]}},
     })
-    claims["unallocated"] = _get(cluster, "resourceclaim", "unallocated", "-n", namespace)
+    claims["unallocated"] = get(cluster, "resourceclaim", "unallocated", "-n", namespace)
     yield claims
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
     cluster.kubectl("delete", "resourceslice", *(s["metadata"]["name"] for s in slices), "--ignore-not-found")

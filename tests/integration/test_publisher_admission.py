@@ -20,44 +20,28 @@ from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
 from tessera.models.layout import Health
 from tests.dra_gpus import every_strategy
+from tests.integration.kube_helpers import apply, get, unschedulable
 
 pytestmark = pytest.mark.integration
 
 D = "gpu.tessera.dev"
 
 
-def _get(cluster: LocalCluster, *args: str) -> dict[str, Any]:
-    out: dict[str, Any] = json.loads(cluster.kubectl("get", "-o", "json", *args).stdout)
-    return out
-
-
-def _apply(cluster: LocalCluster, *objects: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
-
-
 def _result(cluster: LocalCluster, namespace: str, pod: str) -> dict[str, Any] | None:
     """The allocation result of the Pod's generated claim, once the scheduler made it."""
-    status = _get(cluster, "pod", pod, "-n", namespace).get("status", {})
+    status = get(cluster, "pod", pod, "-n", namespace).get("status", {})
     names = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses", [])]
     if not names or not names[0]:
         return None
-    allocation = _get(cluster, "resourceclaim", names[0], "-n", namespace).get("status", {}).get("allocation")
+    allocation = get(cluster, "resourceclaim", names[0], "-n", namespace).get("status", {}).get("allocation")
     if not allocation:
         return None
     result: dict[str, Any] = allocation["devices"]["results"][0]
     return result
 
 
-def _unschedulable(cluster: LocalCluster, namespace: str, pod: str) -> bool:
-    conditions = _get(cluster, "pod", pod, "-n", namespace).get("status", {}).get("conditions", [])
-    return any(
-        c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
-        for c in conditions
-    )
-
-
 def _stored_slices(cluster: LocalCluster, node: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = _get(
+    items: list[dict[str, Any]] = get(
         cluster, "resourceslices", f"--field-selector=spec.driver={D},spec.nodeName={node}"
     )["items"]
     return items
@@ -70,7 +54,7 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
     gpus[1] = gpus[1].model_copy(update={"health": Health.HEALTHY})
     ref = NodeRef(name, node["metadata"]["uid"])
     desired = build_node_slices(ref, gpus, draining={"gpu-2-mig-1g-10gb-6"})
-    _apply(cluster, *device_classes())
+    apply(cluster, *device_classes())
 
     plan = plan_slice_writes(name, desired, _stored_slices(cluster, name))
     assert plan.updates == ()
@@ -100,7 +84,7 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
 
     devices = {d["name"]: d for s in stored for d in s["spec"].get("devices", [])}
     mps_uuid, static_mig_uuid, dynamic_uuid = gpus[5].uuid, gpus[1].uuid, gpus[6].uuid
-    _apply(
+    apply(
         cluster,
         claim_template(
             "mig-3g",
@@ -149,6 +133,6 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
     assert not big.get("taints")
 
     # 79Gi of MPS memory holds two 30Gi shares, not three.
-    _apply(cluster, pod_with_claim("mps-c", namespace, "mps-30gi", on_node(name)))
-    await wait_for(lambda: _unschedulable(cluster, namespace, "mps-c"), timeout=60, message="mps-c to be unschedulable")
+    apply(cluster, pod_with_claim("mps-c", namespace, "mps-30gi", on_node(name)))
+    await wait_for(lambda: unschedulable(cluster, namespace, "mps-c"), timeout=60, message="mps-c to be unschedulable")
     assert _result(cluster, namespace, "mps-c") is None

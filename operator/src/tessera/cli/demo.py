@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import sys
 import tempfile
@@ -174,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
     processes = TesseraProcesses(target, folder)
     try:
         _say("Installing the CRDs and DeviceClasses...")
-        _apply(target, [*crds().values(), *device_classes()])
+        target.apply_objects([*crds().values(), *device_classes()])
         target.kubectl(
             "wait",
             "--for=condition=Established",
@@ -187,11 +186,11 @@ def _run(args: argparse.Namespace) -> int:
         for node in nodes:
             processes.agent(node.name, node.simulate)
         _say("Applying SharingPolicies and workloads...")
-        _apply(target, list(yaml.safe_load_all(POLICIES)))
+        target.apply_objects(list(yaml.safe_load_all(POLICIES)))
         pods = [w for w in workloads() if w["kind"] == "Pod"]
-        _apply(target, [w for w in workloads() if w["kind"] != "Pod"])
+        target.apply_objects([w for w in workloads() if w["kind"] != "Pod"])
         _wait_ready(target, [p["metadata"]["name"] for p in yaml.safe_load_all(POLICIES)], args.timeout, processes)
-        _apply(target, pods)
+        target.apply_objects(pods)
         _wait_placed(target, [p["metadata"]["name"] for p in pods], args.timeout)
         _say("Preparing the claims with each node's kubelet plugin, as a kubelet would...")
         prepared = _prepare_like_the_kubelet(target, processes, [n.name for n in nodes])
@@ -218,19 +217,10 @@ def _run(args: argparse.Namespace) -> int:
             cluster.stop()
 
 
-def _apply(target: Any, objects: list[Any]) -> None:
-    body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
-    target.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=body)
-
-
-def _get(target: Any, *args: str) -> Any:
-    return json.loads(target.kubectl("get", "-o", "json", *args).stdout)
-
-
 def _wait_ready(target: Any, policies: list[str], timeout: float, processes: TesseraProcesses) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        items = {p["metadata"]["name"]: p for p in _get(target, "sharingpolicies")["items"]}
+        items = {p["metadata"]["name"]: p for p in target.get_json("sharingpolicies")["items"]}
         ready = [
             n
             for n in policies
@@ -253,7 +243,7 @@ def _wait_ready(target: Any, policies: list[str], timeout: float, processes: Tes
 def _wait_placed(target: Any, pods: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        items = {p["metadata"]["name"]: p for p in _get(target, "pods", "-n", NAMESPACE)["items"]}
+        items = {p["metadata"]["name"]: p for p in target.get_json("pods", "-n", NAMESPACE)["items"]}
         placed = [n for n in pods if items.get(n, {}).get("spec", {}).get("nodeName")]
         if len(placed) == len(pods):
             return
@@ -269,8 +259,8 @@ def _wait_placed(target: Any, pods: list[str], timeout: float) -> None:
 
 def _prepare_like_the_kubelet(target: Any, processes: TesseraProcesses, nodes: list[str]) -> list[str]:
     """For each node, prepare the claims of the demo Pods bound to it through its agent's plugin."""
-    pods = _get(target, "pods", "-n", NAMESPACE)["items"]
-    claims = {c["metadata"]["name"]: c for c in _get(target, "resourceclaims", "-n", NAMESPACE)["items"]}
+    pods = target.get_json("pods", "-n", NAMESPACE)["items"]
+    claims = {c["metadata"]["name"]: c for c in target.get_json("resourceclaims", "-n", NAMESPACE)["items"]}
     lines = []
     for node in nodes:
         refs: dict[str, ClaimRef] = {}
@@ -292,7 +282,7 @@ def _prepare_like_the_kubelet(target: Any, processes: TesseraProcesses, nodes: l
 
 def _wait_agents_caught_up(target: Any, nodes: list[str], timeout: float) -> None:
     """Until the agents report every DynamicMIG instance their plugins made at prepare time."""
-    claims = _get(target, "resourceclaims", "-n", NAMESPACE)["items"]
+    claims = target.get_json("resourceclaims", "-n", NAMESPACE)["items"]
     wanted = sum(
         "-dyn-" in r["device"]
         for c in claims
@@ -300,7 +290,7 @@ def _wait_agents_caught_up(target: Any, nodes: list[str], timeout: float) -> Non
     )
     deadline = time.monotonic() + timeout
     while True:
-        layouts = [n for n in _get(target, "nodelayouts")["items"] if n["metadata"]["name"] in nodes]
+        layouts = [n for n in target.get_json("nodelayouts")["items"] if n["metadata"]["name"] in nodes]
         made = sum(
             bool(i.get("dynamic"))
             for n in layouts
@@ -324,10 +314,10 @@ def _memory(device: dict[str, Any]) -> str:
 
 def picture(target: Any, nodes: list[str]) -> str:
     """Per node and GPU: layout, published devices, and the claims each device serves."""
-    layouts = {n["metadata"]["name"]: n for n in _get(target, "nodelayouts")["items"]}
-    slices = _get(target, "resourceslices")["items"]
-    claims = _get(target, "resourceclaims", "-n", NAMESPACE)["items"]
-    pods = {p["metadata"]["name"]: p for p in _get(target, "pods", "-n", NAMESPACE)["items"]}
+    layouts = {n["metadata"]["name"]: n for n in target.get_json("nodelayouts")["items"]}
+    slices = target.get_json("resourceslices")["items"]
+    claims = target.get_json("resourceclaims", "-n", NAMESPACE)["items"]
+    pods = {p["metadata"]["name"]: p for p in target.get_json("pods", "-n", NAMESPACE)["items"]}
     users: dict[tuple[str, str], list[str]] = {}
     for claim in claims:
         owner = next((r["name"] for r in claim["metadata"].get("ownerReferences", []) if r["kind"] == "Pod"), "?")

@@ -266,6 +266,12 @@ class LocalCluster:
         return ExistingCluster(self.kubeconfig, self.binaries).kubectl(*args, input=input, check=check,
                                                                       timeout=timeout)
 
+    def get_json(self, *args: str) -> dict[str, Any]:
+        return ExistingCluster(self.kubeconfig, self.binaries).get_json(*args)
+
+    def apply_objects(self, objects: list[dict[str, Any]]) -> None:
+        ExistingCluster(self.kubeconfig, self.binaries).apply_objects(objects)
+
     def apply(self, *paths: Path | str) -> None:
         """``kubectl apply --server-side`` every file or folder given."""
         for path in paths:
@@ -319,6 +325,16 @@ class ExistingCluster:
         if check and proc.returncode != 0:
             raise LocalClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc
+
+    def get_json(self, *args: str) -> dict[str, Any]:
+        """``kubectl get -o json ARGS`` as a dict."""
+        out: dict[str, Any] = json.loads(self.kubectl("get", "-o", "json", *args).stdout)
+        return out
+
+    def apply_objects(self, objects: list[dict[str, Any]]) -> None:
+        """Server-side apply ``objects`` as one List (we own the fields we set)."""
+        body = json.dumps({"apiVersion": "v1", "kind": "List", "items": objects})
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=body)
 
 
 def kubectl_for(kubeconfig: Path, binaries: Binaries) -> ExistingCluster:
