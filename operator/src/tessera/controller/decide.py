@@ -113,14 +113,17 @@ def decide_node(
     status = view.layout.status
     gpus = list(status.gpus) if status is not None else []
     holders = fleet.holders(node)
-    planned = [_with_allocations(g, [d for d in published_device_names(g) if d in holders]) for g in gpus]
+    published = {g.uuid: published_device_names(g) for g in gpus}  # built once: it is not cheap
+    planned = [_with_allocations(g, [d for d in published[g.uuid] if d in holders]) for g in gpus]
     plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)])
     current = view.layout.spec
     drains = dict(previous_drains or {})
     decisions: list[GpuDecision] = []
     evict: set[tuple[str, str]] = set()
     for gpu_plan, gpu in zip(plan.for_node(node), sorted(gpus, key=lambda g: (g.index, g.uuid)), strict=True):
-        decision = _decide_gpu(fleet, view, gpu_plan, gpu, current.for_gpu(gpu.uuid), holders, drains, now)
+        decision = _decide_gpu(
+            fleet, view, gpu_plan, gpu, published[gpu.uuid], current.for_gpu(gpu.uuid), holders, drains, now
+        )
         decisions.append(decision)
         drain = decision.drain
         if drain is not None and drain.timed_out and _drain_spec(fleet, decision).mode is DrainMode.EVICT:
@@ -141,6 +144,7 @@ def _decide_gpu(
     view: NodeView,
     gpu_plan: GpuPlan,
     gpu: GpuStatus,
+    published: frozenset[str],
     current: GpuLayout | None,
     holders: Mapping[str, list[ClaimHold]],
     drains: Mapping[str, DrainState],
@@ -156,7 +160,7 @@ def _decide_gpu(
     base = GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, current, error)
     if target is None:
         return base
-    changed = affected_devices(gpu, published_device_names(gpu), target)
+    changed = affected_devices(gpu, published, target)
     if target == current:
         return replace(base, changing=changed)
     held_by = sorted({h.key for d in changed for h in holders.get(d, [])})
