@@ -55,8 +55,8 @@ from typing import Any, TypeVar
 import structlog
 from kubernetes_asyncio import client, watch
 
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.service import AgentConfig, NodeAgent
-from tessera.agent.simulated import SimulatedBackend
 from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
 from tessera.kube.objects import Api
 from tessera.localcluster import LocalCluster

@@ -23,9 +23,9 @@ from typing import Any
 
 import grpc
 
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin import KubeletPlugin, PluginConfig
 from tessera.agent.plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
-from tessera.agent.simulated import SimulatedBackend
 from tessera.log import configure_logging
 from tessera.models.devices import dynamic_mig_device_name, gpu_device_name, mig_device_name
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pynvml
 
-from tessera.agent.backend import (
+from tessera.agent.backends.base import (
     BackendError,
     BackendTimeoutError,
     DriverUnavailableError,
@@ -30,7 +30,7 @@ from tessera.agent.backend import (
     NotSupportedError,
     ResetRequiredError,
 )
-from tessera.agent.simulated import SIM_CUDA_VERSION, SIM_DRIVER_VERSION, SimGpu, SimState, SimulatedHardware
+from tessera.agent.backends.simulated import SIM_CUDA_VERSION, SIM_DRIVER_VERSION, SimGpu, SimState, SimulatedHardware
 from tessera.models.catalog import SHAPES
 
 _CODES: dict[type[BackendError], int] = {
@@ -373,7 +373,7 @@ class RecordingRunner:
     def __call__(self, argv: list[str], env: dict[str, str], stdin: str | None) -> Any:
         from pathlib import Path
 
-        from tessera.agent.nvml import CommandResult
+        from tessera.agent.backends.nvml import CommandResult
 
         self.commands.append((argv, env, stdin))
         error = self.fail(argv)
@@ -392,8 +392,8 @@ BACKEND_KINDS = ("simulated", "nvml")
 
 def backend_over(kind: str, hardware: SimulatedHardware, mps_root: str = "/tmp/tessera-test-mps") -> Any:
     """A fresh backend of ``kind`` over ``hardware``: a new one models an agent restart."""
-    from tessera.agent.nvml import NvmlBackend
-    from tessera.agent.simulated import SimulatedBackend
+    from tessera.agent.backends.nvml import NvmlBackend
+    from tessera.agent.backends.simulated import SimulatedBackend
 
     if kind == "simulated":
         return SimulatedBackend(hardware)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from tessera import DRIVER_NAME
-from tessera.agent.backend import GpuInfo
+from tessera.agent.backends.base import GpuInfo
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
-from tessera.agent.simulated import SimulatedBackend
 from tessera.models.devices import dynamic_mig_device_name, gpu_device_name, mig_device_name
 
 NODE = "gpu-node-1"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tessera.agent.backend import (
+from tessera.agent.backends.base import (
     BackendError,
     DeviceBackend,
     HealthEventKind,
@@ -16,8 +16,13 @@ from tessera.agent.backend import (
     InUseError,
     NotSupportedError,
 )
-from tessera.agent.nvml import NvmlBackend
-from tessera.agent.simulated import SimulatedBackend, SimulatedHardware, parse_simulate_spec, simulated_gpu_uuid
+from tessera.agent.backends.nvml import NvmlBackend
+from tessera.agent.backends.simulated import (
+    SimulatedBackend,
+    SimulatedHardware,
+    parse_simulate_spec,
+    simulated_gpu_uuid,
+)
 from tessera.models.layout import Health
 from tessera.models.policy import TimeSliceInterval
 from tests.fake_pynvml import BACKEND_KINDS, FakeNvml, RecordingRunner, backend_over

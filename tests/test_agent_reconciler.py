@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tessera.agent.backend import DeviceBackend, GpuInfo
+from tessera.agent.backends.base import DeviceBackend, GpuInfo
+from tessera.agent.backends.simulated import SimulatedCrash, SimulatedHardware, parse_simulate_spec
 from tessera.agent.reconciler import BlockReason, OpKind, apply_layout, plan_gpu
-from tessera.agent.simulated import SimulatedCrash, SimulatedHardware, parse_simulate_spec
 from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
 from tessera.models.policy import ShareStrategy, Strategy, TimeSliceInterval, TimeSlicingSpec
 from tests.fake_pynvml import BACKEND_KINDS, backend_over

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from tessera.agent import service
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.service import AgentConfig, NodeAgent
-from tessera.agent.simulated import SimulatedBackend
 
 
 async def test_a_spec_the_agent_cannot_read_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from tessera.agent.backend import Inventory
+from tessera.agent.backends.base import Inventory
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.reconciler import apply_layout
-from tessera.agent.simulated import SimulatedBackend
 from tessera.agent.status import build_status
 from tessera.cli.agent import add_arguments, make_backend
 from tessera.models.conditions import find_condition

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tessera.agent.backend import GpuInfo
+from tessera.agent.backends.base import GpuInfo
 from tessera.agent.plugin.hardware import device_nodes
 from tessera.dra.devices import build_gpu_devices
 from tessera.models.catalog import KNOWN_PROFILE_NAMES, MEMORY_SLICES, MODELS

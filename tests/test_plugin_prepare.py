@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin.cdi import spec_file_name
 from tessera.agent.plugin.checkpoint import (
     CheckpointData,
@@ -23,7 +24,6 @@ from tessera.agent.plugin.checkpoint import (
 )
 from tessera.agent.plugin.claims import ClaimError, ClaimRef
 from tessera.agent.plugin.prepare import ClaimPreparer
-from tessera.agent.simulated import SimulatedBackend
 from tests.plugin_helpers import (
     MPS,
     NODE,

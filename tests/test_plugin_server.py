@@ -12,6 +12,7 @@ import grpc
 import pytest
 from kubernetes_asyncio import client as k8s
 
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin import KubeletPlugin, PluginConfig, serve_plugin
 from tessera.agent.plugin.proto import (
     dra_v1_pb2,
@@ -21,7 +22,6 @@ from tessera.agent.plugin.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from tessera.agent.simulated import SimulatedBackend
 from tests.plugin_helpers import (
     MPS,
     NODE,

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tessera.agent.simulated import SimulatedHardware, simulated_gpu_uuid
+from tessera.agent.backends.simulated import SimulatedHardware, simulated_gpu_uuid
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import free_port, wait_for
 

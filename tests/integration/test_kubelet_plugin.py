@@ -18,7 +18,8 @@ import grpc
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from tessera.agent.backend import GpuInfo
+from tessera.agent.backends.base import GpuInfo
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin import KubeClaimReader, KubeletPlugin, PluginConfig
 from tessera.agent.plugin.cdi import spec_file_name
 from tessera.agent.plugin.checkpoint import load_checkpoint
@@ -28,7 +29,6 @@ from tessera.agent.plugin.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
-from tessera.agent.simulated import SimulatedBackend
 from tessera.agent.status import gpu_status
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.slices import NodeRef, build_node_slices

@@ -31,7 +31,7 @@ from enum import StrEnum
 
 import structlog
 
-from tessera.agent.backend import BackendError, DeviceBackend, GpuInfo, InUseError, Inventory, MigInstanceInfo
+from tessera.agent.backends.base import BackendError, DeviceBackend, GpuInfo, InUseError, Inventory, MigInstanceInfo
 from tessera.models.layout import GpuLayout, Health, NodeLayoutSpec, PlacedInstance
 from tessera.models.policy import ShareStrategy, Strategy, TimeSliceInterval
 

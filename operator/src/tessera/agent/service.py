@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
-from tessera.agent.backend import BackendError, DeviceBackend
+from tessera.agent.backends.base import BackendError, DeviceBackend
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status

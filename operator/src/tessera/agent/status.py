@@ -20,7 +20,7 @@ Not for: talking to Kubernetes or to GPUs.
 
 from __future__ import annotations
 
-from tessera.agent.backend import GpuInfo, Inventory
+from tessera.agent.backends.base import GpuInfo, Inventory
 from tessera.agent.reconciler import BlockReason, GpuPlan
 from tessera.models.catalog import model_for_product
 from tessera.models.conditions import Condition, set_condition

@@ -18,11 +18,11 @@ from typing import overload
 import structlog
 
 from tessera import DRIVER_NAME
-from tessera.agent.backend import DeviceBackend
+from tessera.agent.backends.base import DeviceBackend
+from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginConfig, serve_plugin
 from tessera.agent.service import AgentConfig, NodeAgent
-from tessera.agent.simulated import SimulatedBackend
 from tessera.kube.client import make_api_client
 from tessera.log import configure_logging
 
@@ -120,7 +120,7 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
         if not args.simulate:
             raise ValueError("--backend simulated needs --simulate SPEC, e.g. --simulate 2xH100-80GB")
         return SimulatedBackend.from_spec(args.node_name, args.simulate, args.state_file, args.mps_root)
-    from tessera.agent.nvml import NvmlBackend
+    from tessera.agent.backends.nvml import NvmlBackend
 
     return NvmlBackend(mps_root=args.mps_root)
 

@@ -9,7 +9,7 @@ nodes; a whole GPU adds ``/dev/nvidia<minor>``; a MIG device adds its parent's n
 two capability nodes of its GPU and compute instance, whose minors the driver publishes under
 ``/proc/driver/nvidia/capabilities``. Where the driver publishes nothing (the simulated
 backend), only the nodes that can be named are given.
-Not for: talking to NVML (``tessera.agent.nvml``).
+Not for: talking to NVML (``tessera.agent.backends.nvml``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Protocol
 
-from tessera.agent.backend import CreatedInstance, GpuInfo, Inventory, MigInstanceInfo
+from tessera.agent.backends.base import CreatedInstance, GpuInfo, Inventory, MigInstanceInfo
 
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _MINOR_RE = re.compile(r"^DeviceFileMinor:\s*(\d+)\s*$", re.MULTILINE)

@@ -38,7 +38,7 @@ from typing import Any
 
 import structlog
 
-from tessera.agent.backend import BackendError, GpuInfo, Inventory, MigInstanceInfo, NotFoundError
+from tessera.agent.backends.base import BackendError, GpuInfo, Inventory, MigInstanceInfo, NotFoundError
 from tessera.agent.plugin.cdi import (
     CdiDevice,
     ContainerEdits,

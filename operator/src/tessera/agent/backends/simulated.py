@@ -14,7 +14,7 @@ agent) and a test process can act on it from outside ("start a process on this i
 "fail the next create", "raise XID 79"). Without one, the state lives in memory.
 
 ``SimulatedBackend`` implements ``DeviceBackend`` on top of it. Not for: real GPUs
-(``tessera.agent.nvml``), or deciding layouts.
+(``tessera.agent.backends.nvml``), or deciding layouts.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tessera.agent.backend import (
+from tessera.agent.backends.base import (
     BackendError,
     BackendTimeoutError,
     CreatedInstance,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tessera.agent.backend import (
+from tessera.agent.backends.base import (
     BackendError,
     BackendTimeoutError,
     CreatedInstance,

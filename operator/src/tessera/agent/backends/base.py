@@ -1,7 +1,7 @@
 """The ``DeviceBackend`` protocol: the one interface through which Tessera touches GPUs.
 
-Two implementations share it: ``NvmlBackend`` (``tessera.agent.nvml``, real hardware through
-pynvml) and ``SimulatedBackend`` (``tessera.agent.simulated``, GPUs from the catalog). The
+Two implementations share it: ``NvmlBackend`` (``tessera.agent.backends.nvml``, real hardware through
+pynvml) and ``SimulatedBackend`` (``tessera.agent.backends.simulated``, GPUs from the catalog). The
 node agent's reconciler and the DRA kubelet plugin both drive GPUs only through this protocol,
 so the same tests prove both.
 
