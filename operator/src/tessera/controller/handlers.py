@@ -9,6 +9,7 @@ Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -50,6 +51,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.networking.error_backoffs = [1, 2, 5, 10]
     api_client = await make_api_client(os.environ.get("KUBECONFIG"))
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
+    # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
+    memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))
     controller = Controller(Api(api_client), handover_grace=grace)
     memo.controller = controller
     memo.api_client = api_client
@@ -113,6 +116,8 @@ async def layout_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 
 @kopf.on.event(*CLAIMS, registry=registry)
 async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    if memo.claim_watch_delay:  # fault injection: a watch that lags behind the scheduler
+        await asyncio.sleep(memo.claim_watch_delay)
     controller = _controller(memo)
     body = event["object"]
     meta = body["metadata"]

@@ -279,9 +279,11 @@ class Controller:
         await self._publish(node, view.uid, layout.status, decision.draining_devices)
         cleared = self._handed_over(node, decision)
         if cleared:
-            # (b) Claims as new as the taint, then decide again with them: only GPUs whose
-            # changing devices were all tainted and that no claim holds get their new layout.
-            fresh = await self.fresh_claims.since(max(at for _, at in cleared.values()))
+            # (b) Claims read after the taint's grace and after the watch view this decision
+            # used (an older read would hold on to claims the watch has seen go), then decide
+            # again with both: only GPUs whose changing devices were all tainted and that no
+            # claim holds get their new layout.
+            fresh = await self.fresh_claims.since(time.monotonic())
             decision = decide_node(
                 self.fleet, node, time.monotonic(), drains, {u: d for u, (d, _) in cleared.items()}, fresh
             )
@@ -289,6 +291,10 @@ class Controller:
                 return  # the NodeLayout went while we read; its deletion enqueues the node again
             layout = view.layout
             assert layout is not None
+            if any(c not in self.fleet.claims for d in decision.drains.values() for c in d.claims):
+                # A claim only the direct read has seen: the watch will bring it, but look again
+                # anyway rather than wait on an event for a drain.
+                self._later(node, self.handover_grace + 1.0)
         # (c) The new spec; devices it replaces stay tainted until the agent reports them gone.
         generation = layout.metadata.generation
         if decision.spec != layout.spec:

@@ -83,7 +83,9 @@ class TesseraProcesses:
     folder: Path
     processes: list[TesseraProcess] = field(default_factory=list)
 
-    def _start(self, name: str, args: list[str], health: bool = False) -> TesseraProcess:
+    def _start(
+        self, name: str, args: list[str], health: bool = False, env: dict[str, str] | None = None
+    ) -> TesseraProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / f"{name}.log"
         metrics, health_port = free_port(), (free_port() if health else 0)
@@ -92,6 +94,7 @@ class TesseraProcesses:
             **os.environ,
             "KUBECONFIG": str(self.cluster.kubeconfig),
             "TESSERA_LOG_JSON": "1",
+            **(env or {}),
         }
         with log.open("ab") as out:
             popen = subprocess.Popen(  # argv is ours
@@ -103,8 +106,8 @@ class TesseraProcesses:
         self.processes.append(process)
         return process
 
-    def operator(self, name: str = "operator") -> TesseraProcess:
-        return self._start(name, ["operator"], health=True)
+    def operator(self, name: str = "operator", env: dict[str, str] | None = None) -> TesseraProcess:
+        return self._start(name, ["operator"], health=True, env=env)
 
     def node_folder(self, node: str) -> Path:
         """Where a node's agent keeps what a real node keeps under /var: the simulated GPUs'
