@@ -20,19 +20,25 @@ Rules it keeps:
 - A GPU absent from the spec is left as it is; nobody asked for anything.
 
 ``apply_layout`` runs the plans through a ``DeviceBackend`` (blocking; call it in a thread).
+Before each operation it asks an optional ``guard`` (the agent passes one that checks claim
+allocations against the API, ``tessera.agent.claimguard``); a guard that answers with a
+``Blocker`` stops that GPU's operations for the call, like a failure. ``devices_changed`` says
+which published devices an operation destroys or reshapes, so a guard knows what to look for.
 Not for: Kubernetes, status conditions (``tessera.agent.status``), or choosing layouts
 (``tessera.planner``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import structlog
 
 from tessera.agent.backends.base import BackendError, DeviceBackend, GpuInfo, InUseError, Inventory, MigInstanceInfo
-from tessera.models.layout import GpuLayout, Health, NodeLayoutSpec, PlacedInstance
+from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
+from tessera.models.layout import GpuLayout, GpuStatus, Health, NodeLayoutSpec, PlacedInstance
 from tessera.models.policy import ShareStrategy, Strategy, TimeSliceInterval
 
 log = structlog.get_logger(__name__)
@@ -88,9 +94,12 @@ class BlockReason(StrEnum):
     MIG_NOT_SUPPORTED = "MigNotSupported"
     INVALID_LAYOUT = "InvalidLayout"
     OPERATION_FAILED = "OperationFailed"
+    CLAIM_CHECK_FAILED = "ClaimCheckFailed"  # the claims could not be read: nothing is destroyed
 
 
-WAITING = frozenset({BlockReason.INSTANCE_IN_USE, BlockReason.GPU_IN_USE, BlockReason.RESET_REQUIRED})
+WAITING = frozenset(
+    {BlockReason.INSTANCE_IN_USE, BlockReason.GPU_IN_USE, BlockReason.RESET_REQUIRED, BlockReason.CLAIM_CHECK_FAILED}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +315,90 @@ def plan_node(spec: NodeLayoutSpec, inventory: Inventory) -> list[GpuPlan]:
     return [plan_gpu(spec.for_gpu(g.uuid), g) for g in sorted(inventory.gpus, key=lambda g: g.index)]
 
 
+# --- which published devices an operation changes ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChangedDevices:
+    """Published devices (names as ``tessera.models.devices`` builds them) that an operation
+    destroys or reshapes: ``names``, or with ``whole_gpu`` every device of GPU ``gpu_index``."""
+
+    gpu_index: int
+    names: frozenset[str] = frozenset()
+    whole_gpu: bool = False
+
+    def covers(self, device_name: str) -> bool:
+        if device_name in self.names:
+            return True
+        if not self.whole_gpu:
+            return False
+        try:
+            return parse_device_name(device_name).gpu_index == self.gpu_index
+        except ValueError:
+            return False  # not a Tessera name: not one of ours
+
+    def describe(self) -> str:
+        return f"any device of GPU {self.gpu_index}" if self.whole_gpu else ", ".join(sorted(self.names))
+
+
+def _instance_devices(gpu: GpuInfo, profile: str, start: int) -> ChangedDevices:
+    """A MIG instance is published as a static (``mig``) or DynamicMIG (``dyn``) device."""
+    try:
+        names = {DeviceRef(kind, gpu.index, profile, start).name for kind in (DeviceKind.MIG, DeviceKind.DYNAMIC_MIG)}
+    except ValueError:  # a profile the names cannot spell (unknown to the driver table): be safe
+        return ChangedDevices(gpu.index, whole_gpu=True)
+    return ChangedDevices(gpu.index, frozenset(names))
+
+
+def _device(gpu: GpuInfo, device_uuid: str | None) -> ChangedDevices:
+    if device_uuid == gpu.uuid:
+        return ChangedDevices(gpu.index, frozenset({DeviceRef(DeviceKind.GPU, gpu.index).name}))
+    inst = next((i for i in gpu.instances if i.uuid == device_uuid), None)
+    if inst is None:
+        return ChangedDevices(gpu.index, whole_gpu=True)
+    return _instance_devices(gpu, inst.profile, inst.start)
+
+
+def devices_changed(
+    op: Operation, gpu: GpuInfo, desired: GpuLayout | None, published: GpuStatus | None
+) -> ChangedDevices | None:
+    """The published devices ``op`` destroys or changes the sharing of; None when it changes
+    none (it only creates, or it restores what is published already).
+
+    ``published`` is the GPU as the agent last reported it (what the slices show). Starting an
+    MPS daemon for a device already published as MPS-shared (one that died, or vanished with a
+    reboot) changes nothing a claim holds; neither does a new interval for a GPU that is
+    time-sliced already and stays so. Everything else that is not a create does."""
+    match op.kind:
+        case OpKind.CREATE_INSTANCE:
+            return None
+        case OpKind.DESTROY_INSTANCE:
+            return _instance_devices(gpu, op.profile or "", op.start if op.start is not None else -1)
+        case OpKind.SET_MIG_MODE:
+            return ChangedDevices(gpu.index, whole_gpu=True)
+        case OpKind.STOP_MPS:
+            return _device(gpu, op.device_uuid)
+        case OpKind.START_MPS:
+            if published is not None and _published_with_mps(published, op.device_uuid):
+                return None
+            return _device(gpu, op.device_uuid)
+        case OpKind.SET_TIME_SLICE:
+            staying = desired is not None and desired.strategy is Strategy.TIME_SLICING
+            if staying and published is not None and published.strategy is Strategy.TIME_SLICING:
+                return None
+            return _device(gpu, gpu.uuid)
+
+
+def _published_with_mps(published: GpuStatus, device_uuid: str | None) -> bool:
+    if device_uuid == published.uuid:
+        return published.strategy is Strategy.MPS
+    return published.mig_sharing is ShareStrategy.MPS and any(i.uuid == device_uuid for i in published.mig_instances)
+
+
+# An operation about to run on a GPU -> a Blocker to refuse it, or None to let it run.
+Guard = Callable[[Operation, GpuInfo], Blocker | None]
+
+
 # --- running plans through a backend -----------------------------------------------------------
 
 
@@ -323,6 +416,7 @@ class ApplyResult:
     plans: list[GpuPlan]
     executed: list[Operation] = field(default_factory=list)
     failures: list[OperationFailure] = field(default_factory=list)
+    refusals: list[tuple[Operation, Blocker]] = field(default_factory=list)  # what the guard stopped
     rounds: int = 0
 
     def plan(self, gpu_uuid: str) -> GpuPlan | None:
@@ -330,6 +424,9 @@ class ApplyResult:
 
     def failures_of(self, gpu_uuid: str) -> list[OperationFailure]:
         return [f for f in self.failures if f.operation.gpu_uuid == gpu_uuid]
+
+    def refusals_of(self, gpu_uuid: str) -> list[Blocker]:
+        return [b for op, b in self.refusals if op.gpu_uuid == gpu_uuid]
 
 
 def execute(backend: DeviceBackend, op: Operation) -> None:
@@ -356,11 +453,16 @@ def execute(backend: DeviceBackend, op: Operation) -> None:
             backend.start_mps(op.device_uuid)
 
 
-def apply_layout(backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int = 4) -> ApplyResult:
+def apply_layout(
+    backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int = 4, guard: Guard | None = None
+) -> ApplyResult:
     """Plan from the hardware, run the operations, plan again, until nothing is left to do,
     only blockers remain, or ``max_rounds`` passed. A failed operation stops the rest of its
     GPU's operations for this call (they depend on order); other GPUs go on. A GPU whose
-    operation failed is not retried within the call: the next resync tries again."""
+    operation failed is not retried within the call: the next resync tries again.
+
+    ``guard`` is asked right before each operation runs (not when it was planned), with the
+    GPU as the last inventory saw it; a refusal stops that GPU like a failure does."""
     inventory = backend.inventory()
     plans = plan_node(spec, inventory)
     result = ApplyResult(inventory, plans)
@@ -370,8 +472,16 @@ def apply_layout(backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int =
         if not todo:
             break
         result.rounds = round_no
+        gpus = {g.uuid: g for g in inventory.gpus}
         for plan in todo:
             for op in plan.operations:
+                refusal = guard(op, gpus[plan.gpu_uuid]) if guard is not None else None
+                if refusal is not None:
+                    log.warning("operation refused", operation=op.describe(), reason=refusal.reason.value,
+                                why=refusal.message)
+                    result.refusals.append((op, refusal))
+                    failed.add(plan.gpu_uuid)
+                    break
                 try:
                     execute(backend, op)
                 except BackendError as e:
@@ -390,9 +500,10 @@ def apply_layout(backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int =
 
 def _with_failures(plan: GpuPlan, result: ApplyResult) -> GpuPlan:
     failures = result.failures_of(plan.gpu_uuid)
-    if not failures or not plan.operations:
+    refusals = result.refusals_of(plan.gpu_uuid)
+    if not (failures or refusals) or not plan.operations:
         return plan
-    extra = []
+    extra = list(refusals)
     for f in failures:
         reason = BlockReason.INSTANCE_IN_USE if isinstance(f.error, InUseError) else BlockReason.OPERATION_FAILED
         step = f.operation.describe().split(": ", 1)[1]

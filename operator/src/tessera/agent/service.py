@@ -8,6 +8,10 @@ block), builds the status and writes it through the status subresource when it c
 heartbeat is due. It serves Prometheus metrics on ``/metrics`` and liveness on ``/healthz``
 (503 once no pass has finished for three resync periods).
 
+Before an operation destroys or reshapes a published device, the reconciler asks a
+``ClaimGuard``, which reads every ResourceClaim fresh from the API (``tessera.kube.claims``)
+and refuses when an allocation names the device (``tessera.agent.claimguard``).
+
 The DRA kubelet plugin shares the backend; it calls ``request_resync()`` after it creates or
 destroys an instance so the status follows at once.
 Not for: deciding layouts, or talking to GPUs other than through the backend.
@@ -30,9 +34,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from tessera import DRIVER_NAME
 from tessera.agent.backends.base import BackendError, DeviceBackend
+from tessera.agent.claimguard import ClaimGuard
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
+from tessera.kube.claims import list_resource_claims
 from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
@@ -47,6 +54,7 @@ class AgentConfig:
     metrics_host: str = "0.0.0.0"  # a DaemonSet's metrics port listens on the pod IP
     metrics_port: int | None = 9464  # None: no HTTP server
     health_poll_seconds: float = 5.0
+    claim_check_timeout_seconds: float = 15.0  # reading every ResourceClaim before a destroy
 
 
 class AgentMetrics:
@@ -65,7 +73,15 @@ class AgentMetrics:
         self.gpus_blocked = Gauge("tessera_agent_gpus_blocked", "GPUs blocked, by reason", ["reason"], registry=r)
         self.mig_instances = Gauge("tessera_agent_mig_instances", "MIG instances that exist", ["in_use"], registry=r)
         self.health_events = Counter("tessera_agent_health_events", "GPU health events", ["kind"], registry=r)
+
         self.status_writes = Counter("tessera_agent_status_writes", "NodeLayout status writes", registry=r)
+        self.claim_checks = Counter(
+            "tessera_agent_claim_checks", "ResourceClaim reads before destroying or reshaping a device", registry=r
+        )
+        self.refusals = Counter(
+            "tessera_agent_operations_refused", "Operations refused because a claim holds the device", ["reason"],
+            registry=r,
+        )
         self.last_pass = Gauge("tessera_agent_last_pass_timestamp_seconds", "End of the last pass", registry=r)
 
     def observe(self, result: ApplyResult, status: NodeLayoutStatus) -> None:
@@ -189,7 +205,11 @@ class NodeAgent:
             except ValidationError:
                 previous = None  # rewritten from what the hardware says
             generation = obj["metadata"].get("generation")
-            result = await asyncio.to_thread(apply_layout, self.backend, spec)
+            guard = self._claim_guard(spec, previous)
+            result = await asyncio.to_thread(apply_layout, self.backend, spec, guard=guard)
+            self.metrics.claim_checks.inc(guard.checks)
+            for _, refusal in result.refusals:
+                self.metrics.refusals.labels(refusal.reason.value).inc()
             status = build_status(
                 result.inventory,
                 spec,
@@ -223,6 +243,18 @@ class NodeAgent:
             return None
         finally:
             self.metrics.pass_seconds.observe(time.monotonic() - started)
+
+    def _claim_guard(self, spec: NodeLayoutSpec, previous: NodeLayoutStatus | None) -> ClaimGuard:
+        """The reconciler's last line: claims read fresh from the API before each destroy. The
+        reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
+        loop = asyncio.get_running_loop()
+        timeout = self.config.claim_check_timeout_seconds
+
+        def list_claims() -> list[dict[str, Any]]:
+            future = asyncio.run_coroutine_threadsafe(list_resource_claims(self.api, timeout), loop)
+            return future.result(timeout + 5)
+
+        return ClaimGuard(list_claims, driver=DRIVER_NAME, node=self.config.node_name, spec=spec, published=previous)
 
     async def _watch(self) -> None:
         """Wake the loop when the NodeLayout changes; the watch restarts when the server ends it."""

@@ -9,7 +9,7 @@ Conditions, each with an honest reason and a message naming GPUs:
 - ``Ready``: True (``Applied``) when every GPU in the spec matches it and every GPU is healthy;
   otherwise False with the most important reason (``GpuLost``, ``DriverUnavailable``,
   ``InvalidLayout``, ``OperationFailed``, ``MigNotSupported``, ``ResetRequired``,
-  ``InstanceInUse``, ``GpuInUse``, ``GpuUnhealthy``, ``Applying``).
+  ``InstanceInUse``, ``GpuInUse``, ``ClaimCheckFailed``, ``GpuUnhealthy``, ``Applying``).
 - ``Progressing``: True while the agent is moving GPUs or waiting for something that clears
   by itself (an instance in use, a pending reset); False (``Applied`` or ``Blocked``) otherwise.
 - ``Degraded``: True when something needs a person: a lost or unhealthy GPU, no driver, a
@@ -45,6 +45,7 @@ _PRIORITY = (
     BlockReason.RESET_REQUIRED.value,
     BlockReason.INSTANCE_IN_USE.value,
     BlockReason.GPU_IN_USE.value,
+    BlockReason.CLAIM_CHECK_FAILED.value,
     "Applying",
 )
 _NEEDS_A_PERSON = frozenset(
@@ -58,7 +59,13 @@ _NEEDS_A_PERSON = frozenset(
     }
 )
 _WAITING = frozenset(
-    {BlockReason.RESET_REQUIRED.value, BlockReason.INSTANCE_IN_USE.value, BlockReason.GPU_IN_USE.value, "Applying"}
+    {
+        BlockReason.RESET_REQUIRED.value,
+        BlockReason.INSTANCE_IN_USE.value,
+        BlockReason.GPU_IN_USE.value,
+        BlockReason.CLAIM_CHECK_FAILED.value,
+        "Applying",
+    }
 )
 
 
