@@ -347,13 +347,15 @@ class FakeNvml:
         self._gpu(h.index)
 
     def nvmlEventSetWait_v2(self, es: object, timeout_ms: int) -> _Obj:  # noqa: N802
-        events = self.hw.pop_events()
+        events = [e for e in self.hw.pop_events() if e.kind != "GpuReset"]  # NVML reports no resets
         if not events:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
         e = events[0]
         if e.kind == "GpuLost":
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return _Obj(device=Dev(e.gpu_index), eventType=pynvml.nvmlEventTypeXidCriticalError,
+        ecc = e.kind == "DoubleBitEcc"
+        kind = pynvml.nvmlEventTypeDoubleBitEccError if ecc else pynvml.nvmlEventTypeXidCriticalError
+        return _Obj(device=Dev(e.gpu_index), eventType=kind,
                     eventData=e.xid or 0,
                     gpuInstanceId=e.gpu_instance_id if e.gpu_instance_id is not None else 0xFFFFFFFF,
                     computeInstanceId=0xFFFFFFFF)

@@ -132,7 +132,7 @@ def test_injected_faults_fire_once_after_the_given_number_of_calls(tmp_path: Pat
 
 
 @pytest.mark.parametrize("kind", BACKEND_KINDS)
-def test_xid_and_lost_gpu_events_mark_health(kind: str, tmp_path: Path) -> None:
+def test_xid_ecc_and_lost_gpu_are_events_and_the_inventory_reports_the_probe(kind: str, tmp_path: Path) -> None:
     hw, backend = make(kind, tmp_path)
     backend.inventory()
     hw.inject_xid(0, 13)  # an application error: not fatal
@@ -141,14 +141,23 @@ def test_xid_and_lost_gpu_events_mark_health(kind: str, tmp_path: Path) -> None:
     hw.inject_xid(0, 79)
     events = backend.wait_health_events(0.5)
     assert [(e.xid, e.fatal) for e in events] == [(79, True)]
-    assert backend.inventory().gpus[0].health is Health.UNHEALTHY
+    # The GPU still answers: the probe says healthy; marking it is the agent's (tessera.agent.health).
+    assert backend.inventory().gpus[0].health is Health.HEALTHY
     assert backend.wait_health_events(0.05) == []
+    hw.inject_ecc_error(0)
+    events = backend.wait_health_events(0.5)
+    assert [(e.kind, e.fatal) for e in events] == [(HealthEventKind.DOUBLE_BIT_ECC, True)]
     hw.lose_gpu(1)
     events = backend.wait_health_events(0.5)
     assert [e.kind for e in events] == [HealthEventKind.GPU_LOST]
     lost = backend.inventory().gpus[1]
     assert lost.health is Health.LOST
     assert "reboot" in lost.health_message
+    hw.reset_gpu(1)
+    assert backend.inventory().gpus[1].health is Health.HEALTHY, "it answers again after a reset"
+    reset = backend.wait_health_events(0.2)
+    # The simulated driver reports the reset; NVML has no such event (the agent's quiet period covers it).
+    assert [e.kind for e in reset] == ([HealthEventKind.GPU_RESET] if kind == "simulated" else [])
 
 
 def test_no_nvidia_library_is_reported_not_raised(tmp_path: Path) -> None:

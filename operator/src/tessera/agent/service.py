@@ -1,5 +1,9 @@
 """The node agent's process: watch this node's NodeLayout, reconcile, write its status.
 
+GPU health is kept by a ``HealthTracker`` (``tessera.agent.health``): events from the health
+thread mark GPUs, each pass's probe clears the ones healthy again, and the kubelet plugin's
+health stream reads the same tracker.
+
 ``NodeAgent.run`` ensures the NodeLayout exists (owned by the Node), then loops: a watch on
 the object, a periodic resync (the heartbeat: the status is rewritten at least every
 ``resync_seconds`` even when nothing changed), and a thread waiting for GPU health events
@@ -37,6 +41,7 @@ from pydantic import ValidationError
 from tessera import DRIVER_NAME
 from tessera.agent.backends.base import BackendError, DeviceBackend
 from tessera.agent.claimguard import ClaimGuard
+from tessera.agent.health import HealthTracker
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
@@ -55,6 +60,7 @@ class AgentConfig:
     metrics_port: int | None = 9464  # None: no HTTP server
     health_poll_seconds: float = 5.0
     claim_check_timeout_seconds: float = 15.0  # reading every ResourceClaim before a destroy
+    health_recovery_seconds: float | None = 600.0  # an unhealthy GPU clears after this long quiet
 
 
 class AgentMetrics:
@@ -73,7 +79,9 @@ class AgentMetrics:
         self.gpus_blocked = Gauge("tessera_agent_gpus_blocked", "GPUs blocked, by reason", ["reason"], registry=r)
         self.mig_instances = Gauge("tessera_agent_mig_instances", "MIG instances that exist", ["in_use"], registry=r)
         self.health_events = Counter("tessera_agent_health_events", "GPU health events", ["kind"], registry=r)
-
+        self.health_recoveries = Counter(
+            "tessera_agent_health_recoveries", "Unhealthy or lost GPUs found healthy again", registry=r
+        )
         self.status_writes = Counter("tessera_agent_status_writes", "NodeLayout status writes", registry=r)
         self.claim_checks = Counter(
             "tessera_agent_claim_checks", "ResourceClaim reads before destroying or reshaping a device", registry=r
@@ -108,10 +116,17 @@ class AgentMetrics:
 class NodeAgent:
     """One node's agent. ``run()`` until ``stop()``."""
 
-    def __init__(self, config: AgentConfig, backend: DeviceBackend, api_client: client.ApiClient) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: DeviceBackend,
+        api_client: client.ApiClient,
+        health: HealthTracker | None = None,
+    ) -> None:
         self.config = config
         self.backend = backend
         self.api = api_client
+        self.health = health or HealthTracker(config.health_recovery_seconds)
         self.metrics = AgentMetrics()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -205,13 +220,20 @@ class NodeAgent:
             except ValidationError:
                 previous = None  # rewritten from what the hardware says
             generation = obj["metadata"].get("generation")
+            self.health.seed(previous)
             guard = self._claim_guard(spec, previous)
             result = await asyncio.to_thread(apply_layout, self.backend, spec, guard=guard)
             self.metrics.claim_checks.inc(guard.checks)
             for _, refusal in result.refusals:
                 self.metrics.refusals.labels(refusal.reason.value).inc()
+            marked_before = self.health.marked()
+            inventory = self.health.observe(result.inventory)
+            recovered = sorted(set(marked_before) - set(self.health.marked()))
+            if recovered:
+                self.metrics.health_recoveries.inc(len(recovered))
+                log.info("GPUs healthy again", gpus=recovered, were=[marked_before[u].value for u in recovered])
             status = build_status(
-                result.inventory,
+                inventory,
                 spec,
                 result.plans,
                 backend=self.backend.name,
@@ -225,6 +247,7 @@ class NodeAgent:
                 self._last_write = time.monotonic()
                 self.metrics.status_writes.inc()
             self._status = status
+            self.health.publish(status)
             self.metrics.observe(result, status)
             self.metrics.passes.labels("ok").inc()
             self._last_pass_done = time.monotonic()
@@ -288,7 +311,8 @@ class NodeAgent:
                     "GPU health event", gpu=event.gpu_uuid, kind=event.kind.value, xid=event.xid, fatal=event.fatal
                 )
             if events:
-                self.request_resync()
+                self.health.record_events(events)  # the kubelet's health stream hears it now
+                self.request_resync()  # the status and the slices follow with the next pass
 
     # -- HTTP --
 

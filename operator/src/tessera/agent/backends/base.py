@@ -187,6 +187,7 @@ class HealthEventKind(StrEnum):
     XID = "Xid"
     DOUBLE_BIT_ECC = "DoubleBitEcc"
     GPU_LOST = "GpuLost"
+    GPU_RESET = "GpuReset"  # the GPU was reset: what it did before no longer holds
 
 
 # NVIDIA's drivers treat these XIDs as application errors; every other XID is fatal.
@@ -205,7 +206,9 @@ class HealthEvent:
 
     @property
     def fatal(self) -> bool:
-        """Whether the GPU should be taken out of service (application XIDs are not)."""
+        """Whether the GPU should be taken out of service (application XIDs and resets are not)."""
+        if self.kind is HealthEventKind.GPU_RESET:
+            return False
         return not (self.kind is HealthEventKind.XID and self.xid in APPLICATION_XIDS)
 
 
@@ -294,7 +297,9 @@ class DeviceBackend(Protocol):
         ...
 
     def wait_health_events(self, timeout_s: float) -> list[HealthEvent]:
-        """Block up to ``timeout_s`` for health events (XIDs, ECC, GPU lost); [] on timeout."""
+        """Block up to ``timeout_s`` for health events (XIDs, ECC, GPU lost, GPU reset); [] on
+        timeout. Health that follows from events is the agent's to keep
+        (``tessera.agent.health``); ``inventory()`` reports only what a probe sees now."""
         ...
 
     def close(self) -> None:

@@ -115,7 +115,6 @@ class NvmlBackend:
         self._holds: dict[str, set[str]] = {}
         self._time_slices: dict[str, TimeSliceInterval] = {}
         self._mps: dict[str, str] = {}
-        self._health: dict[str, tuple[Health, str]] = {}
         self._seen: dict[int, tuple[str, str]] = {}  # index -> (uuid, product name), for lost GPUs
         self._event_set: Any = None
 
@@ -214,7 +213,6 @@ class NvmlBackend:
                     err = self._domain_error(e, f"GPU {index}")
                     seen = self._seen.get(index)
                     if isinstance(err, GpuLostError) and seen is not None:
-                        self._health[seen[0]] = (Health.LOST, str(err))
                         gpus.append(GpuInfo(seen[0], index, seen[1], 0, health=Health.LOST, health_message=str(err)))
                     else:
                         problems.append(str(err))
@@ -246,7 +244,6 @@ class NvmlBackend:
         gis = (int(getattr(p, "gpuInstanceId", _NO_INSTANCE)) for p in processes)
         busy_gis = {gi for gi in gis if gi != _NO_INSTANCE}
         instances = self._instances(h, profiles, busy_gis) if capable and current else ()
-        health, message = self._health.get(uuid, (Health.HEALTHY, ""))
         in_use = bool(processes) or bool(self._holds.get(uuid)) or any(i.in_use for i in instances)
         return GpuInfo(
             uuid=uuid,
@@ -268,8 +265,7 @@ class NvmlBackend:
             time_slice=self._time_slices.get(uuid),
             mps_running=self._mps_running(uuid),
             mps_pipe_directory=self._mps.get(uuid),
-            health=health,
-            health_message=message,
+            health=Health.HEALTHY,  # it answered; what events say is the agent's to keep
         )
 
     def _optional(self, read: Callable[[], Any], default: Any) -> Any:
@@ -562,8 +558,6 @@ class NvmlBackend:
             else:
                 xid = int(data.eventData)
                 event = HealthEvent(uuid, HealthEventKind.XID, xid, None if gi == _NO_INSTANCE else gi, f"XID {xid}")
-            if event.fatal:
-                self._health[uuid] = (Health.UNHEALTHY, f"fatal {event.message}; drain the GPU and reset it")
             return [event]
 
     def _lost_events(self) -> list[HealthEvent]:
@@ -573,7 +567,6 @@ class NvmlBackend:
                 self._nvml.nvmlDeviceGetHandleByIndex(index)
             except self._nvml.NVMLError_GpuIsLost:
                 message = f"GPU {index} has fallen off the bus (GPU_IS_LOST); reset the GPU or reboot the node"
-                self._health[uuid] = (Health.LOST, message)
                 out.append(HealthEvent(uuid, HealthEventKind.GPU_LOST, message=message))
         return out
 

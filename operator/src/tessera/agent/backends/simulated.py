@@ -391,7 +391,8 @@ class SimulatedHardware:
             return gpu.mig_current, gpu.mig_pending
 
     def reset_gpu(self, index: int) -> None:
-        """A GPU reset: pending MIG mode takes effect, instances and daemons go, health returns."""
+        """A GPU reset: pending MIG mode takes effect, instances and daemons go, a lost GPU
+        answers again, and the driver reports the reset (an event), so health can return."""
         with self.transaction() as s:
             gpu = self._gpu(s, index, allow_lost=True)
             if self._gpu_in_use(s, gpu):
@@ -406,6 +407,7 @@ class SimulatedHardware:
             gpu.lost = False
             gpu.health = Health.HEALTHY.value
             gpu.health_message = ""
+            s.events.append(SimEvent(index, HealthEventKind.GPU_RESET.value, message=f"GPU {index} was reset"))
 
     # -- instances --
 
@@ -560,15 +562,18 @@ class SimulatedHardware:
             s.faults.clear()
 
     def inject_xid(self, index: int, xid: int, gpu_instance_id: int | None = None) -> None:
-        """The driver reports XID ``xid`` on GPU ``index``; a fatal one marks the GPU unhealthy."""
-        event = HealthEvent(f"sim-{index}", HealthEventKind.XID, xid, gpu_instance_id)
+        """The driver reports XID ``xid`` on GPU ``index`` (an event, as NVML delivers it; the
+        GPU still answers probes). The agent marks the GPU unhealthy for a fatal one."""
         with self.transaction() as s:
-            gpu = self._gpu(s, index, allow_lost=True)
+            self._gpu(s, index, allow_lost=True)
             message = f"XID {xid}" + (f" on GPU instance {gpu_instance_id}" if gpu_instance_id else "")
             s.events.append(SimEvent(index, HealthEventKind.XID.value, xid, gpu_instance_id, message))
-            if event.fatal:
-                gpu.health = Health.UNHEALTHY.value
-                gpu.health_message = f"fatal {message}; drain the GPU and reset it"
+
+    def inject_ecc_error(self, index: int) -> None:
+        """The driver reports a double-bit ECC error on GPU ``index`` (fatal)."""
+        with self.transaction() as s:
+            self._gpu(s, index, allow_lost=True)
+            s.events.append(SimEvent(index, HealthEventKind.DOUBLE_BIT_ECC.value, message="double-bit ECC error"))
 
     def lose_gpu(self, index: int) -> None:
         """GPU ``index`` falls off the bus: every call on it fails with GPU_IS_LOST until a reset."""
