@@ -37,6 +37,7 @@ from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
 from tessera.models.policy import Strategy
+from tests.integration.kube_helpers import get_or_none
 
 pytestmark = pytest.mark.integration
 
@@ -165,7 +166,8 @@ def agent(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 
 def _layout(cluster: LocalCluster, node: str) -> dict[str, Any]:
-    return cluster.get_json("nodelayouts.tessera.dev", node)
+    """The node's NodeLayout; {} until the agent has created it."""
+    return get_or_none(cluster, "nodelayouts.tessera.dev", node) or {}
 
 
 def _ready(obj: dict[str, Any]) -> dict[str, Any]:
