@@ -43,6 +43,8 @@ def tessera(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         yield processes
     finally:
+        for process in processes.processes:  # shown by pytest when a test failed
+            print(f"--- {process.name}\n{process.tail(60)}")
         processes.stop_all()
         cluster.kubectl("delete", "sharingpolicy", "health-whole", "--wait=false", check=False)
 
@@ -70,13 +72,15 @@ def taints(cluster: LocalCluster, node: str, device: str) -> list[dict[str, Any]
     return None if found is None else list(found.get("taints") or [])
 
 
-async def wait_state(cluster: LocalCluster, node: str, device: str, health: str, tainted: bool, what: str) -> None:
+async def wait_state(
+    cluster: LocalCluster, node: str, device: str, health: str, tainted: bool, what: str, timeout: float = 60
+) -> None:
     def reached() -> bool:
         t = taints(cluster, node, device)
         has = t is not None and any(x["key"] == UNHEALTHY_TAINT_KEY for x in t)
         return gpu_health(cluster, node, int(device.split("-")[1])) == health and t is not None and has == tainted
 
-    await wait_for(reached, timeout=60, message=what)
+    await wait_for(reached, timeout=timeout, message=what)
 
 
 async def read_until(stream: Any, device: str, health: int, messages: int = 5) -> dict[str, int]:
@@ -94,7 +98,7 @@ async def test_a_fatal_xid_taints_the_gpu_until_a_reset_clears_it(
 ) -> None:
     node = "health-reset"
     hw = await start_node(cluster, tessera, node, recovery_s=0)  # 0: only a reset clears it
-    await wait_state(cluster, node, "gpu-1", "Healthy", False, "gpu-1 published, healthy and untainted")
+    await wait_state(cluster, node, "gpu-1", "Healthy", False, "gpu-1 published, healthy and untainted", 180)
     socket = tessera.node_folder(node) / "plugins" / "gpu.tessera.dev" / "dra.sock"
 
     async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
@@ -122,7 +126,7 @@ async def test_an_unhealthy_gpu_clears_after_the_quiet_period_and_a_lost_one_whe
 ) -> None:
     node = "health-quiet"
     hw = await start_node(cluster, tessera, node, recovery_s=4)
-    await wait_state(cluster, node, "gpu-0", "Healthy", False, "gpu-0 published, healthy")
+    await wait_state(cluster, node, "gpu-0", "Healthy", False, "gpu-0 published, healthy", 180)
 
     hw.inject_ecc_error(0)
     await wait_state(cluster, node, "gpu-0", "Unhealthy", True, "gpu-0 Unhealthy and tainted after an ECC error")

@@ -13,6 +13,8 @@ Rules it keeps:
 - Order: stop MPS daemons → destroy instances → set MIG mode → create instances → time slice
   → start MPS daemons. An instance's MPS daemon needs its ``MIG-…`` UUID, which exists only
   after creation, so ``apply_layout`` plans again after each round.
+- MPS: a daemon per shared device, with the policy's default compute share and memory set as
+  the daemon's defaults; a daemon the agent started that died is started again (``restart``).
 - ``DynamicMIG``: MIG mode on; instances belong to the kubelet plugin (made at prepare
   time). Idle leftovers are destroyed, instances in use are kept.
 - MIG mode pending (Ampere): the agent does not reset GPUs. It reports ``ResetRequired`` and
@@ -36,10 +38,19 @@ from enum import StrEnum
 
 import structlog
 
-from tessera.agent.backends.base import BackendError, DeviceBackend, GpuInfo, InUseError, Inventory, MigInstanceInfo
+from tessera.agent.backends.base import (
+    BackendError,
+    DeviceBackend,
+    GpuInfo,
+    InUseError,
+    Inventory,
+    MigInstanceInfo,
+    MpsDefaults,
+)
 from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
 from tessera.models.layout import GpuLayout, GpuStatus, Health, NodeLayoutSpec, PlacedInstance
-from tessera.models.policy import ShareStrategy, Strategy, TimeSliceInterval
+from tessera.models.policy import MpsSpec, ShareStrategy, Strategy, TimeSliceInterval
+from tessera.models.quantity import parse_quantity
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +62,7 @@ class OpKind(StrEnum):
     CREATE_INSTANCE = "CreateInstance"
     SET_TIME_SLICE = "SetTimeSlice"
     START_MPS = "StartMps"
+    SET_MPS_DEFAULTS = "SetMpsDefaults"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +78,8 @@ class Operation:
     enabled: bool | None = None
     interval: TimeSliceInterval | None = None
     device_uuid: str | None = None
+    mps_defaults: MpsDefaults | None = None
+    restart: bool = False  # START_MPS for a daemon the agent started that died
 
     def describe(self) -> str:
         where = f"GPU {self.gpu_index}"
@@ -81,7 +95,31 @@ class Operation:
             case OpKind.SET_TIME_SLICE:
                 return f"{where}: set the time-slice interval to {self.interval}"
             case OpKind.START_MPS:
-                return f"{where}: start an MPS daemon for {self.device_uuid}"
+                if self.restart:
+                    return f"{where}: restart the crashed MPS daemon of {self.device_uuid}{_defaults(self)}"
+                return f"{where}: start an MPS daemon for {self.device_uuid}{_defaults(self)}"
+            case OpKind.SET_MPS_DEFAULTS:
+                return f"{where}: set the MPS defaults of {self.device_uuid}{_defaults(self)}"
+
+
+def _defaults(op: Operation) -> str:
+    d = op.mps_defaults
+    if d is None:
+        return ""
+    parts = []
+    if d.active_thread_percentage is not None:
+        parts.append(f"{d.active_thread_percentage}% of SMs")
+    if d.pinned_memory_mib is not None:
+        parts.append(f"{d.pinned_memory_mib} MiB pinned")
+    return f" (clients get {', '.join(parts)} by default)" if parts else ""
+
+
+def mps_defaults(desired: GpuLayout, memory_mib: int) -> MpsDefaults:
+    """What a client of this device that sets no limit gets: the policy's default compute share
+    and memory, the memory capped at the device's."""
+    spec = desired.mps or MpsSpec()
+    memory = parse_quantity(spec.memory.default) // (1024 * 1024)
+    return MpsDefaults(active_thread_percentage=spec.compute.default, pinned_memory_mib=min(memory, memory_mib))
 
 
 class BlockReason(StrEnum):
@@ -148,9 +186,14 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
         enabled: bool | None = None,
         interval: TimeSliceInterval | None = None,
         device_uuid: str | None = None,
+        defaults: MpsDefaults | None = None,
+        restart: bool = False,
     ) -> None:
         ops.append(
-            Operation(kind, gpu.uuid, gpu.index, profile, start, gpu_instance_id, enabled, interval, device_uuid)
+            Operation(
+                kind, gpu.uuid, gpu.index, profile, start, gpu_instance_id, enabled, interval, device_uuid,
+                defaults, restart,
+            )
         )
 
     def block(reason: BlockReason, message: str) -> None:
@@ -204,13 +247,18 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
     reported = {i.gpu_instance_id for i in keep if i.in_use and i not in _matched(keep, desired, strategy)}
     mps_on_gpu = strategy is Strategy.MPS
     mps_on_instances = strategy is Strategy.MIG and desired.mig_sharing is ShareStrategy.MPS
-    if gpu.mps_running and not mps_on_gpu:
+    if gpu.mps_crashed and not mps_on_gpu:
+        op(OpKind.STOP_MPS, device_uuid=gpu.uuid)  # forget a dead daemon nobody wants any more
+    elif gpu.mps_running and not mps_on_gpu:
         if gpu.in_use:
             block(BlockReason.GPU_IN_USE, "the GPU's MPS daemon has clients; it stops when they finish")
         else:
             op(OpKind.STOP_MPS, device_uuid=gpu.uuid)
     for inst in gpu.instances:
-        if inst.mps_running and inst.uuid is not None and not (mps_on_instances and inst.uuid in keep_uuids):
+        wanted_here = mps_on_instances and inst.uuid in keep_uuids
+        if inst.mps_crashed and inst.uuid is not None and not wanted_here:
+            op(OpKind.STOP_MPS, device_uuid=inst.uuid)
+        elif inst.mps_running and inst.uuid is not None and not wanted_here:
             if not inst.in_use:
                 op(OpKind.STOP_MPS, device_uuid=inst.uuid)
             elif inst.gpu_instance_id not in reported:
@@ -262,12 +310,21 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
         op(OpKind.SET_TIME_SLICE, interval=TimeSliceInterval.DEFAULT)
 
     # -- MPS daemons to start --
-    if mps_on_gpu and not gpu.mps_running and mode_ok:
-        op(OpKind.START_MPS, device_uuid=gpu.uuid)
+    if mps_on_gpu and mode_ok:
+        wanted_defaults = mps_defaults(desired, gpu.memory_mib)
+        if not gpu.mps_running:
+            op(OpKind.START_MPS, device_uuid=gpu.uuid, defaults=wanted_defaults, restart=gpu.mps_crashed)
+        elif gpu.mps_defaults != wanted_defaults:
+            op(OpKind.SET_MPS_DEFAULTS, device_uuid=gpu.uuid, defaults=wanted_defaults)
     if mps_on_instances:
         for inst in keep:
-            if inst.uuid is not None and not inst.mps_running and inst.compute_instance_id is not None:
-                op(OpKind.START_MPS, device_uuid=inst.uuid)
+            if inst.uuid is None or inst.compute_instance_id is None:
+                continue
+            wanted_defaults = mps_defaults(desired, inst.memory_mib)
+            if not inst.mps_running:
+                op(OpKind.START_MPS, device_uuid=inst.uuid, defaults=wanted_defaults, restart=inst.mps_crashed)
+            elif inst.mps_defaults != wanted_defaults:
+                op(OpKind.SET_MPS_DEFAULTS, device_uuid=inst.uuid, defaults=wanted_defaults)
 
     return GpuPlan(gpu.uuid, gpu.index, tuple(ops), tuple(blockers))
 
@@ -370,8 +427,8 @@ def devices_changed(
     reboot) changes nothing a claim holds; neither does a new interval for a GPU that is
     time-sliced already and stays so. Everything else that is not a create does."""
     match op.kind:
-        case OpKind.CREATE_INSTANCE:
-            return None
+        case OpKind.CREATE_INSTANCE | OpKind.SET_MPS_DEFAULTS:
+            return None  # new defaults reach new clients only; nothing published changes
         case OpKind.DESTROY_INSTANCE:
             return _instance_devices(gpu, op.profile or "", op.start if op.start is not None else -1)
         case OpKind.SET_MIG_MODE:
@@ -448,9 +505,9 @@ def execute(backend: DeviceBackend, op: Operation) -> None:
         case OpKind.SET_TIME_SLICE:
             assert op.interval is not None
             backend.set_time_slice(op.gpu_uuid, op.interval)
-        case OpKind.START_MPS:
+        case OpKind.START_MPS | OpKind.SET_MPS_DEFAULTS:
             assert op.device_uuid is not None
-            backend.start_mps(op.device_uuid)
+            backend.start_mps(op.device_uuid, op.mps_defaults)
 
 
 def apply_layout(

@@ -79,6 +79,9 @@ class AgentMetrics:
         self.gpus_blocked = Gauge("tessera_agent_gpus_blocked", "GPUs blocked, by reason", ["reason"], registry=r)
         self.mig_instances = Gauge("tessera_agent_mig_instances", "MIG instances that exist", ["in_use"], registry=r)
         self.health_events = Counter("tessera_agent_health_events", "GPU health events", ["kind"], registry=r)
+        self.mps_restarts = Counter(
+            "tessera_agent_mps_daemon_restarts", "MPS control daemons found dead and started again", registry=r
+        )
         self.health_recoveries = Counter(
             "tessera_agent_health_recoveries", "Unhealthy or lost GPUs found healthy again", registry=r
         )
@@ -95,6 +98,8 @@ class AgentMetrics:
     def observe(self, result: ApplyResult, status: NodeLayoutStatus) -> None:
         for op in result.executed:
             self.operations.labels(op.kind.value, "ok").inc()
+            if op.restart:
+                self.mps_restarts.inc()
         for f in result.failures:
             self.operations.labels(f.operation.kind.value, f.error.reason).inc()
         for health in ("Healthy", "Unhealthy", "Lost"):
@@ -252,6 +257,9 @@ class NodeAgent:
             self.metrics.passes.labels("ok").inc()
             self._last_pass_done = time.monotonic()
             self.passes += 1
+            for op in result.executed:
+                if op.restart:
+                    log.warning("an MPS daemon had died; restarted it", operation=op.describe())
             if result.executed or result.failures:
                 log.info(
                     "reconciled",

@@ -74,7 +74,7 @@ def _observed_strategy(gpu: GpuInfo, desired: GpuLayout | None) -> Strategy:
     want = desired.strategy if desired is not None else None
     if gpu.mig_mode_current:
         return Strategy.DYNAMIC_MIG if want is Strategy.DYNAMIC_MIG else Strategy.MIG
-    if gpu.mps_running:
+    if gpu.mps_running or gpu.mps_crashed:  # a dead daemon is restarted; what is published stays
         return Strategy.MPS
     if want is Strategy.TIME_SLICING:
         interval = desired.time_slicing.interval if desired and desired.time_slicing else TimeSliceInterval.DEFAULT
@@ -97,7 +97,7 @@ def gpu_status(
         and desired.mig_sharing is not None
         and (
             desired.mig_sharing is ShareStrategy.TIME_SLICING
-            or all(i.mps_running for i in gpu.instances if i.uuid is not None)
+            or all(i.mps_running or i.mps_crashed for i in gpu.instances if i.uuid is not None)
         )
     ):
         sharing = desired.mig_sharing

@@ -127,7 +127,10 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
     if args.simulate or args.backend == "simulated":
         if not args.simulate:
             raise ValueError("--backend simulated needs --simulate SPEC, e.g. --simulate 2xH100-80GB")
-        return SimulatedBackend.from_spec(args.node_name, args.simulate, args.state_file, args.mps_root)
+        # MPS daemons are real stand-in processes, as an agent on a real node runs real ones.
+        return SimulatedBackend.from_spec(
+            args.node_name, args.simulate, args.state_file, args.mps_root, mps_processes=True
+        )
     from tessera.agent.backends.nvml import NvmlBackend
 
     return NvmlBackend(mps_root=args.mps_root)

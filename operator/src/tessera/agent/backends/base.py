@@ -116,6 +116,16 @@ class ProfileInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class MpsDefaults:
+    """What an MPS client that sets nothing gets: the daemon's default active-thread percentage
+    (of the device's SMs) and default pinned device memory (MiB). None: the daemon's own
+    default (100 %, unlimited)."""
+
+    active_thread_percentage: int | None = None
+    pinned_memory_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MigInstanceInfo:
     """A MIG GPU instance that exists, with its compute instance when it has one."""
 
@@ -131,6 +141,8 @@ class MigInstanceInfo:
     in_use: bool
     mps_running: bool = False
     mps_pipe_directory: str | None = None
+    mps_crashed: bool = False  # the agent started a daemon that died: it is restarted
+    mps_defaults: MpsDefaults | None = None  # what the running daemon's clients get by default
 
     @property
     def end(self) -> int:
@@ -163,6 +175,8 @@ class GpuInfo:
     time_slice: TimeSliceInterval | None = None  # None: unknown (NVML cannot read it back)
     mps_running: bool = False  # an MPS daemon on the whole GPU (not on MIG instances)
     mps_pipe_directory: str | None = None
+    mps_crashed: bool = False
+    mps_defaults: MpsDefaults | None = None
     health: Health = Health.HEALTHY
     health_message: str = ""
 
@@ -287,9 +301,11 @@ class DeviceBackend(Protocol):
         """Set the GPU's time-slice interval (not possible on MIG devices)."""
         ...
 
-    def start_mps(self, device_uuid: str) -> str:
-        """Start an MPS control daemon for a GPU or a MIG device; returns its pipe directory.
-        Idempotent: an already running daemon is kept."""
+    def start_mps(self, device_uuid: str, defaults: MpsDefaults | None = None) -> str:
+        """Make sure an MPS control daemon serves a GPU or a MIG device, with ``defaults`` set
+        through its control commands (None: keep what it had); returns its pipe directory.
+        Idempotent: a running daemon is kept (adopted after an agent restart); one that died
+        is started again."""
         ...
 
     def stop_mps(self, device_uuid: str) -> None:
