@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -25,15 +24,12 @@ from tests.integration.kube_helpers import apply, get_or_none, node_devices
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 LABEL = "tessera.dev/test"
 
 
 @pytest.fixture(scope="module")
-def tessera(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TesseraProcesses]:
-    cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
-    processes = TesseraProcesses(cluster, tmp_path_factory.mktemp("tessera-health"))
-    processes.operator()
+def policy(cluster: LocalCluster, tessera: TesseraProcesses) -> Iterator[str]:
+    """Whole GPUs on the nodes of this module (the operator comes from conftest.py)."""
     apply(cluster, {
         "apiVersion": "tessera.dev/v1alpha1",
         "kind": "SharingPolicy",
@@ -41,11 +37,10 @@ def tessera(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> 
         "spec": {"nodeSelector": {"matchLabels": {LABEL: "health"}}, "strategy": "Exclusive"},
     })
     try:
-        yield processes
+        yield "health-whole"
     finally:
-        for process in processes.processes:  # shown by pytest when a test failed
+        for process in tessera.processes:  # shown by pytest when a test failed
             print(f"--- {process.name}\n{process.tail(60)}")
-        processes.stop_all()
         cluster.kubectl("delete", "sharingpolicy", "health-whole", "--wait=false", check=False)
 
 
@@ -94,9 +89,9 @@ async def read_until(stream: Any, device: str, health: int, messages: int = 5) -
 
 
 async def test_a_fatal_xid_taints_the_gpu_until_a_reset_clears_it(
-    cluster: LocalCluster, tessera: TesseraProcesses
+    cluster: LocalCluster, tessera: TesseraProcesses, policy: str
 ) -> None:
-    node = "health-reset"
+    node = "h-reset"  # short: unix socket paths under the node's folder are limited to 107 bytes
     hw = await start_node(cluster, tessera, node, recovery_s=0)  # 0: only a reset clears it
     await wait_state(cluster, node, "gpu-1", "Healthy", False, "gpu-1 published, healthy and untainted", 180)
     socket = tessera.node_folder(node) / "plugins" / "gpu.tessera.dev" / "dra.sock"
@@ -122,9 +117,9 @@ async def test_a_fatal_xid_taints_the_gpu_until_a_reset_clears_it(
 
 
 async def test_an_unhealthy_gpu_clears_after_the_quiet_period_and_a_lost_one_when_it_answers(
-    cluster: LocalCluster, tessera: TesseraProcesses
+    cluster: LocalCluster, tessera: TesseraProcesses, policy: str
 ) -> None:
-    node = "health-quiet"
+    node = "h-quiet"
     hw = await start_node(cluster, tessera, node, recovery_s=4)
     await wait_state(cluster, node, "gpu-0", "Healthy", False, "gpu-0 published, healthy", 180)
 
