@@ -13,7 +13,13 @@ so the simulated hardware outlives an agent process (crash-in-the-middle tests r
 agent) and a test process can act on it from outside ("start a process on this instance",
 "fail the next create", "raise XID 79"). Without one, the state lives in memory.
 
-``SimulatedBackend`` implements ``DeviceBackend`` on top of it. Not for: real GPUs
+Health is what the driver would say: ``inject_xid`` / ``inject_ecc_error`` / ``lose_gpu`` deliver
+events (a lost GPU also stops answering), ``reset_gpu`` reports a reset; deciding that a GPU is
+unhealthy, and when it is healthy again, is the agent's (``tessera.agent.health``).
+
+``SimulatedBackend`` implements ``DeviceBackend`` on top of it; its MPS daemons are real
+stand-in processes (``tessera.agent.backends.mpsstandin``, driven by
+``tessera.agent.backends.mps``) or, for unit tests, an in-memory model. Not for: real GPUs
 (``tessera.agent.backends.nvml``), or deciding layouts.
 """
 
