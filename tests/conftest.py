@@ -3,14 +3,36 @@ and a fresh namespace per test that needs one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_mps_daemon_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """MPS daemons outlive their agent by design; the ones this session's tests started (their
+    pipe folders lie under its temporary folder) end with the session."""
+    yield
+    marker = f"CUDA_MPS_PIPE_DIRECTORY={tmp_path_factory.getbasetemp()}".encode()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(entry.startswith(marker) for entry in environ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

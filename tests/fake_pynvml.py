@@ -347,13 +347,15 @@ class FakeNvml:
         self._gpu(h.index)
 
     def nvmlEventSetWait_v2(self, es: object, timeout_ms: int) -> _Obj:  # noqa: N802
-        events = self.hw.pop_events()
+        events = [e for e in self.hw.pop_events() if e.kind != "GpuReset"]  # NVML reports no resets
         if not events:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
         e = events[0]
         if e.kind == "GpuLost":
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
-        return _Obj(device=Dev(e.gpu_index), eventType=pynvml.nvmlEventTypeXidCriticalError,
+        ecc = e.kind == "DoubleBitEcc"
+        kind = pynvml.nvmlEventTypeDoubleBitEccError if ecc else pynvml.nvmlEventTypeXidCriticalError
+        return _Obj(device=Dev(e.gpu_index), eventType=kind,
                     eventData=e.xid or 0,
                     gpuInstanceId=e.gpu_instance_id if e.gpu_instance_id is not None else 0xFFFFFFFF,
                     computeInstanceId=0xFFFFFFFF)
@@ -363,28 +365,24 @@ class FakeNvml:
 
 
 class RecordingRunner:
-    """A command runner for NvmlBackend that records commands and plays the MPS daemon: ``-d``
-    creates the control pipe, ``quit`` removes it."""
+    """A command runner for NvmlBackend that records every command. ``nvidia-smi`` only pretends;
+    the MPS control program (the stand-in, ``STANDIN_MPS_CONTROL``) really runs, so daemons
+    are real processes with pids and pipe folders."""
 
     def __init__(self) -> None:
         self.commands: list[tuple[list[str], dict[str, str], str | None]] = []
         self.fail: Callable[[list[str]], str | None] = lambda argv: None
 
     def __call__(self, argv: list[str], env: dict[str, str], stdin: str | None) -> Any:
-        from pathlib import Path
-
-        from tessera.agent.backends.nvml import CommandResult
+        from tessera.agent.backends.mps import CommandResult, run_command
 
         self.commands.append((argv, env, stdin))
         error = self.fail(argv)
         if error:
             return CommandResult(1, "", error)
-        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY")
-        if pipe and argv[-1] == "-d":
-            (Path(pipe) / "control").touch()
-        elif pipe and stdin == "quit\n":
-            (Path(pipe) / "control").unlink(missing_ok=True)
-        return CommandResult(0, "", "")
+        if argv[0] == "nvidia-smi":
+            return CommandResult(0, "", "")
+        return run_command(argv, env, stdin)
 
 
 BACKEND_KINDS = ("simulated", "nvml")
@@ -397,4 +395,6 @@ def backend_over(kind: str, hardware: SimulatedHardware, mps_root: str = "/tmp/t
 
     if kind == "simulated":
         return SimulatedBackend(hardware)
-    return NvmlBackend(FakeNvml(hardware), runner=RecordingRunner(), mps_root=mps_root)
+    from tessera.agent.backends.simulated import STANDIN_MPS_CONTROL
+
+    return NvmlBackend(FakeNvml(hardware), runner=RecordingRunner(), mps_root=mps_root, mps_control=STANDIN_MPS_CONTROL)

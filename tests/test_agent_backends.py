@@ -14,10 +14,12 @@ from tessera.agent.backends.base import (
     HealthEventKind,
     InsufficientResourcesError,
     InUseError,
+    MpsDefaults,
     NotSupportedError,
 )
 from tessera.agent.backends.nvml import NvmlBackend
 from tessera.agent.backends.simulated import (
+    STANDIN_MPS_CONTROL,
     SimulatedBackend,
     SimulatedHardware,
     parse_simulate_spec,
@@ -132,7 +134,7 @@ def test_injected_faults_fire_once_after_the_given_number_of_calls(tmp_path: Pat
 
 
 @pytest.mark.parametrize("kind", BACKEND_KINDS)
-def test_xid_and_lost_gpu_events_mark_health(kind: str, tmp_path: Path) -> None:
+def test_xid_ecc_and_lost_gpu_are_events_and_the_inventory_reports_the_probe(kind: str, tmp_path: Path) -> None:
     hw, backend = make(kind, tmp_path)
     backend.inventory()
     hw.inject_xid(0, 13)  # an application error: not fatal
@@ -141,14 +143,23 @@ def test_xid_and_lost_gpu_events_mark_health(kind: str, tmp_path: Path) -> None:
     hw.inject_xid(0, 79)
     events = backend.wait_health_events(0.5)
     assert [(e.xid, e.fatal) for e in events] == [(79, True)]
-    assert backend.inventory().gpus[0].health is Health.UNHEALTHY
+    # The GPU still answers: the probe says healthy; marking it is the agent's (tessera.agent.health).
+    assert backend.inventory().gpus[0].health is Health.HEALTHY
     assert backend.wait_health_events(0.05) == []
+    hw.inject_ecc_error(0)
+    events = backend.wait_health_events(0.5)
+    assert [(e.kind, e.fatal) for e in events] == [(HealthEventKind.DOUBLE_BIT_ECC, True)]
     hw.lose_gpu(1)
     events = backend.wait_health_events(0.5)
     assert [e.kind for e in events] == [HealthEventKind.GPU_LOST]
     lost = backend.inventory().gpus[1]
     assert lost.health is Health.LOST
     assert "reboot" in lost.health_message
+    hw.reset_gpu(1)
+    assert backend.inventory().gpus[1].health is Health.HEALTHY, "it answers again after a reset"
+    reset = backend.wait_health_events(0.2)
+    # The simulated driver reports the reset; NVML has no such event (the agent's quiet period covers it).
+    assert [e.kind for e in reset] == ([HealthEventKind.GPU_RESET] if kind == "simulated" else [])
 
 
 def test_no_nvidia_library_is_reported_not_raised(tmp_path: Path) -> None:
@@ -184,24 +195,31 @@ def test_nvml_errors_become_domain_errors_with_the_gpu_and_a_hint(tmp_path: Path
 def test_nvml_runs_mps_daemons_and_time_slices_through_commands(tmp_path: Path) -> None:
     hw = SimulatedHardware("node-e", parse_simulate_spec("1xH100-80GB"))
     runner = RecordingRunner()
-    backend = NvmlBackend(FakeNvml(hw), runner=runner, mps_root=str(tmp_path / "mps"))
+    backend = NvmlBackend(FakeNvml(hw), runner=runner, mps_root=str(tmp_path / "mps"), mps_control=STANDIN_MPS_CONTROL)
     gpu = backend.inventory().gpus[0].uuid
     backend.set_time_slice(gpu, TimeSliceInterval.MEDIUM)
-    pipe = backend.start_mps(gpu)
+    pipe = backend.start_mps(gpu, MpsDefaults(active_thread_percentage=25, pinned_memory_mib=4096))
     assert backend.start_mps(gpu) == pipe  # idempotent: no second daemon
     assert hw.snapshot().gpus[0].compute_mode == 3  # EXCLUSIVE_PROCESS while MPS runs
+    running = backend.inventory().gpus[0]
+    assert (running.mps_running, running.mps_pipe_directory) == (True, pipe)
+    assert running.mps_defaults == MpsDefaults(25, 4096)
     backend.stop_mps(gpu)
     assert hw.snapshot().gpus[0].compute_mode == 0
-    argvs = [c[0] for c in runner.commands]
-    assert argvs == [
+    control = list(STANDIN_MPS_CONTROL)
+    assert [c[0] for c in runner.commands] == [
         ["nvidia-smi", "compute-policy", "-i", gpu, "--set-timeslice", "2"],
-        ["nvidia-cuda-mps-control", "-d"],
-        ["nvidia-cuda-mps-control"],
+        [*control, "-d"],
+        control,  # the defaults
+        control,  # quit
     ]
     env = runner.commands[1][1]
     assert env["CUDA_VISIBLE_DEVICES"] == gpu
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == pipe
-    assert runner.commands[2][2] == "quit\n"
+    assert runner.commands[2][2] == (
+        "set_default_active_thread_percentage 25\nset_default_device_pinned_mem_limit 0 4096M\n"
+    )
+    assert runner.commands[3][2] == "quit\n"
     inv = backend.inventory().gpus[0]
     assert inv.time_slice is TimeSliceInterval.MEDIUM
     assert not inv.mps_running

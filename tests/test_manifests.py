@@ -268,7 +268,10 @@ AGENT_RESOURCES = {
     ("", "nodes"): [("kube/nodelayouts.py", "read_node(")],
     ("tessera.dev", "nodelayouts"): [("kube/nodelayouts.py", "create_cluster_custom_object(")],
     ("tessera.dev", "nodelayouts/status"): [("kube/nodelayouts.py", "replace_cluster_custom_object_status(")],
-    ("resource.k8s.io", "resourceclaims"): [("agent/plugin/claims.py", "read_namespaced_resource_claim(")],
+    ("resource.k8s.io", "resourceclaims"): [
+        ("agent/plugin/claims.py", "read_namespaced_resource_claim("),
+        ("kube/claims.py", "list_resource_claim_for_all_namespaces("),
+    ],
 }
 
 
@@ -312,7 +315,7 @@ def test_agent_cannot_write_specs_slices_or_other_objects() -> None:
     no_update = "no update: the spec is the operator's"
     assert agent[("tessera.dev", "nodelayouts")] == {"get", "list", "watch", "create"}, no_update
     assert agent[("tessera.dev", "nodelayouts/status")] == {"update"}
-    assert agent[("resource.k8s.io", "resourceclaims")] == {"get"}
+    assert agent[("resource.k8s.io", "resourceclaims")] == {"get", "list"}, "read claims, never write them"
     operator = operator_grants()
     assert "nodelayouts/status" not in {r for _, r in operator}, "status is the agent's"
     assert operator[("", "events")] == {"create"}

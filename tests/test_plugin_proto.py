@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from tessera.agent.plugin.proto import codegen, dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
+from tessera.agent.plugin.proto import (
+    codegen,
+    dra_health_v1alpha1_pb2,
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    pluginregistration_v1_pb2,
+)
 
 
 def test_committed_generated_modules_match_the_proto_files(tmp_path: Path) -> None:
@@ -48,6 +54,17 @@ REGISTRATION_FIELDS = {
     ("RegistrationStatus", "error"): (2, False, FieldDescriptor.TYPE_STRING),
 }
 
+HEALTH_FIELDS = {
+    ("DeviceIdentifier", "pool_name"): (1, False, FieldDescriptor.TYPE_STRING),
+    ("DeviceIdentifier", "device_name"): (2, False, FieldDescriptor.TYPE_STRING),
+    ("DeviceHealth", "device"): (1, False, FieldDescriptor.TYPE_MESSAGE),
+    ("DeviceHealth", "health"): (2, False, FieldDescriptor.TYPE_ENUM),
+    ("DeviceHealth", "last_updated_time"): (3, False, FieldDescriptor.TYPE_INT64),
+    ("DeviceHealth", "health_check_timeout_seconds"): (4, False, FieldDescriptor.TYPE_INT64),
+    ("DeviceHealth", "message"): (5, False, FieldDescriptor.TYPE_STRING),
+    ("NodeWatchResourcesResponse", "devices"): (1, True, FieldDescriptor.TYPE_MESSAGE),
+}
+
 
 def _fields(module: object) -> dict[tuple[str, str], tuple[int, bool, int]]:
     descriptor = module.DESCRIPTOR  # type: ignore[attr-defined]
@@ -79,6 +96,19 @@ def test_registration_messages_have_the_kubelets_field_numbers() -> None:
         assert fields[key] == expected, key
 
 
+def test_health_messages_have_the_kubelets_field_numbers_and_enum_values() -> None:
+    fields = _fields(dra_health_v1alpha1_pb2)
+    for key, expected in HEALTH_FIELDS.items():
+        assert fields[key] == expected, key
+    assert not dra_health_v1alpha1_pb2.NodeWatchResourcesRequest.DESCRIPTOR.fields
+    status = dra_health_v1alpha1_pb2.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in status.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    method = dra_health_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name[
+        "NodeWatchResources"
+    ]
+    assert (method.server_streaming, method.client_streaming) == (True, False)
+
+
 @pytest.mark.parametrize(
     ("module", "service", "methods"),
     [
@@ -86,8 +116,9 @@ def test_registration_messages_have_the_kubelets_field_numbers() -> None:
         (dra_v1beta1_pb2, "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin",
          {"NodePrepareResources", "NodeUnprepareResources"}),
         (pluginregistration_v1_pb2, "pluginregistration.Registration", {"GetInfo", "NotifyRegistrationStatus"}),
+        (dra_health_v1alpha1_pb2, "v1alpha1.DRAResourceHealth", {"NodeWatchResources"}),
     ],
-    ids=["dra-v1", "dra-v1beta1", "registration"],
+    ids=["dra-v1", "dra-v1beta1", "registration", "health-v1alpha1"],
 )
 def test_services_have_the_kubelets_full_names(module: object, service: str, methods: set[str]) -> None:
     services = module.DESCRIPTOR.services_by_name  # type: ignore[attr-defined]

@@ -13,6 +13,8 @@ Rules it keeps:
 - Order: stop MPS daemons → destroy instances → set MIG mode → create instances → time slice
   → start MPS daemons. An instance's MPS daemon needs its ``MIG-…`` UUID, which exists only
   after creation, so ``apply_layout`` plans again after each round.
+- MPS: a daemon per shared device, with the policy's default compute share and memory set as
+  the daemon's defaults; a daemon the agent started that died is started again (``restart``).
 - ``DynamicMIG``: MIG mode on; instances belong to the kubelet plugin (made at prepare
   time). Idle leftovers are destroyed, instances in use are kept.
 - MIG mode pending (Ampere): the agent does not reset GPUs. It reports ``ResetRequired`` and
@@ -20,20 +22,35 @@ Rules it keeps:
 - A GPU absent from the spec is left as it is; nobody asked for anything.
 
 ``apply_layout`` runs the plans through a ``DeviceBackend`` (blocking; call it in a thread).
+Before each operation it asks an optional ``guard`` (the agent passes one that checks claim
+allocations against the API, ``tessera.agent.claimguard``); a guard that answers with a
+``Blocker`` stops that GPU's operations for the call, like a failure. ``devices_changed`` says
+which published devices an operation destroys or reshapes, so a guard knows what to look for.
 Not for: Kubernetes, status conditions (``tessera.agent.status``), or choosing layouts
 (``tessera.planner``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 import structlog
 
-from tessera.agent.backends.base import BackendError, DeviceBackend, GpuInfo, InUseError, Inventory, MigInstanceInfo
-from tessera.models.layout import GpuLayout, Health, NodeLayoutSpec, PlacedInstance
-from tessera.models.policy import ShareStrategy, Strategy, TimeSliceInterval
+from tessera.agent.backends.base import (
+    BackendError,
+    DeviceBackend,
+    GpuInfo,
+    InUseError,
+    Inventory,
+    MigInstanceInfo,
+    MpsDefaults,
+)
+from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
+from tessera.models.layout import GpuLayout, GpuStatus, Health, NodeLayoutSpec, PlacedInstance
+from tessera.models.policy import MpsSpec, ShareStrategy, Strategy, TimeSliceInterval
+from tessera.models.quantity import parse_quantity
 
 log = structlog.get_logger(__name__)
 
@@ -45,6 +62,7 @@ class OpKind(StrEnum):
     CREATE_INSTANCE = "CreateInstance"
     SET_TIME_SLICE = "SetTimeSlice"
     START_MPS = "StartMps"
+    SET_MPS_DEFAULTS = "SetMpsDefaults"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +78,8 @@ class Operation:
     enabled: bool | None = None
     interval: TimeSliceInterval | None = None
     device_uuid: str | None = None
+    mps_defaults: MpsDefaults | None = None
+    restart: bool = False  # START_MPS for a daemon the agent started that died
 
     def describe(self) -> str:
         where = f"GPU {self.gpu_index}"
@@ -75,7 +95,31 @@ class Operation:
             case OpKind.SET_TIME_SLICE:
                 return f"{where}: set the time-slice interval to {self.interval}"
             case OpKind.START_MPS:
-                return f"{where}: start an MPS daemon for {self.device_uuid}"
+                if self.restart:
+                    return f"{where}: restart the crashed MPS daemon of {self.device_uuid}{_defaults(self)}"
+                return f"{where}: start an MPS daemon for {self.device_uuid}{_defaults(self)}"
+            case OpKind.SET_MPS_DEFAULTS:
+                return f"{where}: set the MPS defaults of {self.device_uuid}{_defaults(self)}"
+
+
+def _defaults(op: Operation) -> str:
+    d = op.mps_defaults
+    if d is None:
+        return ""
+    parts = []
+    if d.active_thread_percentage is not None:
+        parts.append(f"{d.active_thread_percentage}% of SMs")
+    if d.pinned_memory_mib is not None:
+        parts.append(f"{d.pinned_memory_mib} MiB pinned")
+    return f" (clients get {', '.join(parts)} by default)" if parts else ""
+
+
+def mps_defaults(desired: GpuLayout, memory_mib: int) -> MpsDefaults:
+    """What a client of this device that sets no limit gets: the policy's default compute share
+    and memory, the memory capped at the device's."""
+    spec = desired.mps or MpsSpec()
+    memory = parse_quantity(spec.memory.default) // (1024 * 1024)
+    return MpsDefaults(active_thread_percentage=spec.compute.default, pinned_memory_mib=min(memory, memory_mib))
 
 
 class BlockReason(StrEnum):
@@ -88,9 +132,12 @@ class BlockReason(StrEnum):
     MIG_NOT_SUPPORTED = "MigNotSupported"
     INVALID_LAYOUT = "InvalidLayout"
     OPERATION_FAILED = "OperationFailed"
+    CLAIM_CHECK_FAILED = "ClaimCheckFailed"  # the claims could not be read: nothing is destroyed
 
 
-WAITING = frozenset({BlockReason.INSTANCE_IN_USE, BlockReason.GPU_IN_USE, BlockReason.RESET_REQUIRED})
+WAITING = frozenset(
+    {BlockReason.INSTANCE_IN_USE, BlockReason.GPU_IN_USE, BlockReason.RESET_REQUIRED, BlockReason.CLAIM_CHECK_FAILED}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +186,14 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
         enabled: bool | None = None,
         interval: TimeSliceInterval | None = None,
         device_uuid: str | None = None,
+        defaults: MpsDefaults | None = None,
+        restart: bool = False,
     ) -> None:
         ops.append(
-            Operation(kind, gpu.uuid, gpu.index, profile, start, gpu_instance_id, enabled, interval, device_uuid)
+            Operation(
+                kind, gpu.uuid, gpu.index, profile, start, gpu_instance_id, enabled, interval, device_uuid,
+                defaults, restart,
+            )
         )
 
     def block(reason: BlockReason, message: str) -> None:
@@ -195,13 +247,18 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
     reported = {i.gpu_instance_id for i in keep if i.in_use and i not in _matched(keep, desired, strategy)}
     mps_on_gpu = strategy is Strategy.MPS
     mps_on_instances = strategy is Strategy.MIG and desired.mig_sharing is ShareStrategy.MPS
-    if gpu.mps_running and not mps_on_gpu:
+    if gpu.mps_crashed and not mps_on_gpu:
+        op(OpKind.STOP_MPS, device_uuid=gpu.uuid)  # forget a dead daemon nobody wants any more
+    elif gpu.mps_running and not mps_on_gpu:
         if gpu.in_use:
             block(BlockReason.GPU_IN_USE, "the GPU's MPS daemon has clients; it stops when they finish")
         else:
             op(OpKind.STOP_MPS, device_uuid=gpu.uuid)
     for inst in gpu.instances:
-        if inst.mps_running and inst.uuid is not None and not (mps_on_instances and inst.uuid in keep_uuids):
+        wanted_here = mps_on_instances and inst.uuid in keep_uuids
+        if inst.mps_crashed and inst.uuid is not None and not wanted_here:
+            op(OpKind.STOP_MPS, device_uuid=inst.uuid)
+        elif inst.mps_running and inst.uuid is not None and not wanted_here:
             if not inst.in_use:
                 op(OpKind.STOP_MPS, device_uuid=inst.uuid)
             elif inst.gpu_instance_id not in reported:
@@ -253,12 +310,21 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
         op(OpKind.SET_TIME_SLICE, interval=TimeSliceInterval.DEFAULT)
 
     # -- MPS daemons to start --
-    if mps_on_gpu and not gpu.mps_running and mode_ok:
-        op(OpKind.START_MPS, device_uuid=gpu.uuid)
+    if mps_on_gpu and mode_ok:
+        wanted_defaults = mps_defaults(desired, gpu.memory_mib)
+        if not gpu.mps_running:
+            op(OpKind.START_MPS, device_uuid=gpu.uuid, defaults=wanted_defaults, restart=gpu.mps_crashed)
+        elif gpu.mps_defaults != wanted_defaults:
+            op(OpKind.SET_MPS_DEFAULTS, device_uuid=gpu.uuid, defaults=wanted_defaults)
     if mps_on_instances:
         for inst in keep:
-            if inst.uuid is not None and not inst.mps_running and inst.compute_instance_id is not None:
-                op(OpKind.START_MPS, device_uuid=inst.uuid)
+            if inst.uuid is None or inst.compute_instance_id is None:
+                continue
+            wanted_defaults = mps_defaults(desired, inst.memory_mib)
+            if not inst.mps_running:
+                op(OpKind.START_MPS, device_uuid=inst.uuid, defaults=wanted_defaults, restart=inst.mps_crashed)
+            elif inst.mps_defaults != wanted_defaults:
+                op(OpKind.SET_MPS_DEFAULTS, device_uuid=inst.uuid, defaults=wanted_defaults)
 
     return GpuPlan(gpu.uuid, gpu.index, tuple(ops), tuple(blockers))
 
@@ -306,6 +372,90 @@ def plan_node(spec: NodeLayoutSpec, inventory: Inventory) -> list[GpuPlan]:
     return [plan_gpu(spec.for_gpu(g.uuid), g) for g in sorted(inventory.gpus, key=lambda g: g.index)]
 
 
+# --- which published devices an operation changes ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ChangedDevices:
+    """Published devices (names as ``tessera.models.devices`` builds them) that an operation
+    destroys or reshapes: ``names``, or with ``whole_gpu`` every device of GPU ``gpu_index``."""
+
+    gpu_index: int
+    names: frozenset[str] = frozenset()
+    whole_gpu: bool = False
+
+    def covers(self, device_name: str) -> bool:
+        if device_name in self.names:
+            return True
+        if not self.whole_gpu:
+            return False
+        try:
+            return parse_device_name(device_name).gpu_index == self.gpu_index
+        except ValueError:
+            return False  # not a Tessera name: not one of ours
+
+    def describe(self) -> str:
+        return f"any device of GPU {self.gpu_index}" if self.whole_gpu else ", ".join(sorted(self.names))
+
+
+def _instance_devices(gpu: GpuInfo, profile: str, start: int) -> ChangedDevices:
+    """A MIG instance is published as a static (``mig``) or DynamicMIG (``dyn``) device."""
+    try:
+        names = {DeviceRef(kind, gpu.index, profile, start).name for kind in (DeviceKind.MIG, DeviceKind.DYNAMIC_MIG)}
+    except ValueError:  # a profile the names cannot spell (unknown to the driver table): be safe
+        return ChangedDevices(gpu.index, whole_gpu=True)
+    return ChangedDevices(gpu.index, frozenset(names))
+
+
+def _device(gpu: GpuInfo, device_uuid: str | None) -> ChangedDevices:
+    if device_uuid == gpu.uuid:
+        return ChangedDevices(gpu.index, frozenset({DeviceRef(DeviceKind.GPU, gpu.index).name}))
+    inst = next((i for i in gpu.instances if i.uuid == device_uuid), None)
+    if inst is None:
+        return ChangedDevices(gpu.index, whole_gpu=True)
+    return _instance_devices(gpu, inst.profile, inst.start)
+
+
+def devices_changed(
+    op: Operation, gpu: GpuInfo, desired: GpuLayout | None, published: GpuStatus | None
+) -> ChangedDevices | None:
+    """The published devices ``op`` destroys or changes the sharing of; None when it changes
+    none (it only creates, or it restores what is published already).
+
+    ``published`` is the GPU as the agent last reported it (what the slices show). Starting an
+    MPS daemon for a device already published as MPS-shared (one that died, or vanished with a
+    reboot) changes nothing a claim holds; neither does a new interval for a GPU that is
+    time-sliced already and stays so. Everything else that is not a create does."""
+    match op.kind:
+        case OpKind.CREATE_INSTANCE | OpKind.SET_MPS_DEFAULTS:
+            return None  # new defaults reach new clients only; nothing published changes
+        case OpKind.DESTROY_INSTANCE:
+            return _instance_devices(gpu, op.profile or "", op.start if op.start is not None else -1)
+        case OpKind.SET_MIG_MODE:
+            return ChangedDevices(gpu.index, whole_gpu=True)
+        case OpKind.STOP_MPS:
+            return _device(gpu, op.device_uuid)
+        case OpKind.START_MPS:
+            if published is not None and _published_with_mps(published, op.device_uuid):
+                return None
+            return _device(gpu, op.device_uuid)
+        case OpKind.SET_TIME_SLICE:
+            staying = desired is not None and desired.strategy is Strategy.TIME_SLICING
+            if staying and published is not None and published.strategy is Strategy.TIME_SLICING:
+                return None
+            return _device(gpu, gpu.uuid)
+
+
+def _published_with_mps(published: GpuStatus, device_uuid: str | None) -> bool:
+    if device_uuid == published.uuid:
+        return published.strategy is Strategy.MPS
+    return published.mig_sharing is ShareStrategy.MPS and any(i.uuid == device_uuid for i in published.mig_instances)
+
+
+# An operation about to run on a GPU -> a Blocker to refuse it, or None to let it run.
+Guard = Callable[[Operation, GpuInfo], Blocker | None]
+
+
 # --- running plans through a backend -----------------------------------------------------------
 
 
@@ -323,6 +473,7 @@ class ApplyResult:
     plans: list[GpuPlan]
     executed: list[Operation] = field(default_factory=list)
     failures: list[OperationFailure] = field(default_factory=list)
+    refusals: list[tuple[Operation, Blocker]] = field(default_factory=list)  # what the guard stopped
     rounds: int = 0
 
     def plan(self, gpu_uuid: str) -> GpuPlan | None:
@@ -330,6 +481,9 @@ class ApplyResult:
 
     def failures_of(self, gpu_uuid: str) -> list[OperationFailure]:
         return [f for f in self.failures if f.operation.gpu_uuid == gpu_uuid]
+
+    def refusals_of(self, gpu_uuid: str) -> list[Blocker]:
+        return [b for op, b in self.refusals if op.gpu_uuid == gpu_uuid]
 
 
 def execute(backend: DeviceBackend, op: Operation) -> None:
@@ -351,16 +505,21 @@ def execute(backend: DeviceBackend, op: Operation) -> None:
         case OpKind.SET_TIME_SLICE:
             assert op.interval is not None
             backend.set_time_slice(op.gpu_uuid, op.interval)
-        case OpKind.START_MPS:
+        case OpKind.START_MPS | OpKind.SET_MPS_DEFAULTS:
             assert op.device_uuid is not None
-            backend.start_mps(op.device_uuid)
+            backend.start_mps(op.device_uuid, op.mps_defaults)
 
 
-def apply_layout(backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int = 4) -> ApplyResult:
+def apply_layout(
+    backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int = 4, guard: Guard | None = None
+) -> ApplyResult:
     """Plan from the hardware, run the operations, plan again, until nothing is left to do,
     only blockers remain, or ``max_rounds`` passed. A failed operation stops the rest of its
     GPU's operations for this call (they depend on order); other GPUs go on. A GPU whose
-    operation failed is not retried within the call: the next resync tries again."""
+    operation failed is not retried within the call: the next resync tries again.
+
+    ``guard`` is asked right before each operation runs (not when it was planned), with the
+    GPU as the last inventory saw it; a refusal stops that GPU like a failure does."""
     inventory = backend.inventory()
     plans = plan_node(spec, inventory)
     result = ApplyResult(inventory, plans)
@@ -370,8 +529,16 @@ def apply_layout(backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int =
         if not todo:
             break
         result.rounds = round_no
+        gpus = {g.uuid: g for g in inventory.gpus}
         for plan in todo:
             for op in plan.operations:
+                refusal = guard(op, gpus[plan.gpu_uuid]) if guard is not None else None
+                if refusal is not None:
+                    log.warning("operation refused", operation=op.describe(), reason=refusal.reason.value,
+                                why=refusal.message)
+                    result.refusals.append((op, refusal))
+                    failed.add(plan.gpu_uuid)
+                    break
                 try:
                     execute(backend, op)
                 except BackendError as e:
@@ -390,9 +557,10 @@ def apply_layout(backend: DeviceBackend, spec: NodeLayoutSpec, max_rounds: int =
 
 def _with_failures(plan: GpuPlan, result: ApplyResult) -> GpuPlan:
     failures = result.failures_of(plan.gpu_uuid)
-    if not failures or not plan.operations:
+    refusals = result.refusals_of(plan.gpu_uuid)
+    if not (failures or refusals) or not plan.operations:
         return plan
-    extra = []
+    extra = list(refusals)
     for f in failures:
         reason = BlockReason.INSTANCE_IN_USE if isinstance(f.error, InUseError) else BlockReason.OPERATION_FAILED
         step = f.operation.describe().split(": ", 1)[1]

@@ -1,5 +1,9 @@
 """The node agent's process: watch this node's NodeLayout, reconcile, write its status.
 
+GPU health is kept by a ``HealthTracker`` (``tessera.agent.health``): events from the health
+thread mark GPUs, each pass's probe clears the ones healthy again, and the kubelet plugin's
+health stream reads the same tracker.
+
 ``NodeAgent.run`` ensures the NodeLayout exists (owned by the Node), then loops: a watch on
 the object, a periodic resync (the heartbeat: the status is rewritten at least every
 ``resync_seconds`` even when nothing changed), and a thread waiting for GPU health events
@@ -7,6 +11,10 @@ all wake one reconcile pass. A pass runs ``apply_layout`` in a worker thread (ba
 block), builds the status and writes it through the status subresource when it changed or the
 heartbeat is due. It serves Prometheus metrics on ``/metrics`` and liveness on ``/healthz``
 (503 once no pass has finished for three resync periods).
+
+Before an operation destroys or reshapes a published device, the reconciler asks a
+``ClaimGuard``, which reads every ResourceClaim fresh from the API (``tessera.kube.claims``)
+and refuses when an allocation names the device (``tessera.agent.claimguard``).
 
 The DRA kubelet plugin shares the backend; it calls ``request_resync()`` after it creates or
 destroys an instance so the status follows at once.
@@ -30,9 +38,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
+from tessera import DRIVER_NAME
 from tessera.agent.backends.base import BackendError, DeviceBackend
+from tessera.agent.claimguard import ClaimGuard
+from tessera.agent.health import HealthTracker
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
+from tessera.kube.claims import list_resource_claims
 from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
@@ -47,6 +59,8 @@ class AgentConfig:
     metrics_host: str = "0.0.0.0"  # a DaemonSet's metrics port listens on the pod IP
     metrics_port: int | None = 9464  # None: no HTTP server
     health_poll_seconds: float = 5.0
+    claim_check_timeout_seconds: float = 15.0  # reading every ResourceClaim before a destroy
+    health_recovery_seconds: float | None = 600.0  # an unhealthy GPU clears after this long quiet
 
 
 class AgentMetrics:
@@ -65,12 +79,27 @@ class AgentMetrics:
         self.gpus_blocked = Gauge("tessera_agent_gpus_blocked", "GPUs blocked, by reason", ["reason"], registry=r)
         self.mig_instances = Gauge("tessera_agent_mig_instances", "MIG instances that exist", ["in_use"], registry=r)
         self.health_events = Counter("tessera_agent_health_events", "GPU health events", ["kind"], registry=r)
+        self.mps_restarts = Counter(
+            "tessera_agent_mps_daemon_restarts", "MPS control daemons found dead and started again", registry=r
+        )
+        self.health_recoveries = Counter(
+            "tessera_agent_health_recoveries", "Unhealthy or lost GPUs found healthy again", registry=r
+        )
         self.status_writes = Counter("tessera_agent_status_writes", "NodeLayout status writes", registry=r)
+        self.claim_checks = Counter(
+            "tessera_agent_claim_checks", "ResourceClaim reads before destroying or reshaping a device", registry=r
+        )
+        self.refusals = Counter(
+            "tessera_agent_operations_refused", "Operations refused because a claim holds the device", ["reason"],
+            registry=r,
+        )
         self.last_pass = Gauge("tessera_agent_last_pass_timestamp_seconds", "End of the last pass", registry=r)
 
     def observe(self, result: ApplyResult, status: NodeLayoutStatus) -> None:
         for op in result.executed:
             self.operations.labels(op.kind.value, "ok").inc()
+            if op.restart:
+                self.mps_restarts.inc()
         for f in result.failures:
             self.operations.labels(f.operation.kind.value, f.error.reason).inc()
         for health in ("Healthy", "Unhealthy", "Lost"):
@@ -92,10 +121,17 @@ class AgentMetrics:
 class NodeAgent:
     """One node's agent. ``run()`` until ``stop()``."""
 
-    def __init__(self, config: AgentConfig, backend: DeviceBackend, api_client: client.ApiClient) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: DeviceBackend,
+        api_client: client.ApiClient,
+        health: HealthTracker | None = None,
+    ) -> None:
         self.config = config
         self.backend = backend
         self.api = api_client
+        self.health = health or HealthTracker(config.health_recovery_seconds)
         self.metrics = AgentMetrics()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -189,9 +225,20 @@ class NodeAgent:
             except ValidationError:
                 previous = None  # rewritten from what the hardware says
             generation = obj["metadata"].get("generation")
-            result = await asyncio.to_thread(apply_layout, self.backend, spec)
+            self.health.seed(previous)
+            guard = self._claim_guard(spec, previous)
+            result = await asyncio.to_thread(apply_layout, self.backend, spec, guard=guard)
+            self.metrics.claim_checks.inc(guard.checks)
+            for _, refusal in result.refusals:
+                self.metrics.refusals.labels(refusal.reason.value).inc()
+            marked_before = self.health.marked()
+            inventory = self.health.observe(result.inventory)
+            recovered = sorted(set(marked_before) - set(self.health.marked()))
+            if recovered:
+                self.metrics.health_recoveries.inc(len(recovered))
+                log.info("GPUs healthy again", gpus=recovered, were=[marked_before[u].value for u in recovered])
             status = build_status(
-                result.inventory,
+                inventory,
                 spec,
                 result.plans,
                 backend=self.backend.name,
@@ -205,10 +252,14 @@ class NodeAgent:
                 self._last_write = time.monotonic()
                 self.metrics.status_writes.inc()
             self._status = status
+            self.health.publish(status)
             self.metrics.observe(result, status)
             self.metrics.passes.labels("ok").inc()
             self._last_pass_done = time.monotonic()
             self.passes += 1
+            for op in result.executed:
+                if op.restart:
+                    log.warning("an MPS daemon had died; restarted it", operation=op.describe())
             if result.executed or result.failures:
                 log.info(
                     "reconciled",
@@ -223,6 +274,18 @@ class NodeAgent:
             return None
         finally:
             self.metrics.pass_seconds.observe(time.monotonic() - started)
+
+    def _claim_guard(self, spec: NodeLayoutSpec, previous: NodeLayoutStatus | None) -> ClaimGuard:
+        """The reconciler's last line: claims read fresh from the API before each destroy. The
+        reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
+        loop = asyncio.get_running_loop()
+        timeout = self.config.claim_check_timeout_seconds
+
+        def list_claims() -> list[dict[str, Any]]:
+            future = asyncio.run_coroutine_threadsafe(list_resource_claims(self.api, timeout), loop)
+            return future.result(timeout + 5)
+
+        return ClaimGuard(list_claims, driver=DRIVER_NAME, node=self.config.node_name, spec=spec, published=previous)
 
     async def _watch(self) -> None:
         """Wake the loop when the NodeLayout changes; the watch restarts when the server ends it."""
@@ -256,7 +319,8 @@ class NodeAgent:
                     "GPU health event", gpu=event.gpu_uuid, kind=event.kind.value, xid=event.xid, fatal=event.fatal
                 )
             if events:
-                self.request_resync()
+                self.health.record_events(events)  # the kubelet's health stream hears it now
+                self.request_resync()  # the status and the slices follow with the next pass
 
     # -- HTTP --
 

@@ -9,7 +9,7 @@ Conditions, each with an honest reason and a message naming GPUs:
 - ``Ready``: True (``Applied``) when every GPU in the spec matches it and every GPU is healthy;
   otherwise False with the most important reason (``GpuLost``, ``DriverUnavailable``,
   ``InvalidLayout``, ``OperationFailed``, ``MigNotSupported``, ``ResetRequired``,
-  ``InstanceInUse``, ``GpuInUse``, ``GpuUnhealthy``, ``Applying``).
+  ``InstanceInUse``, ``GpuInUse``, ``ClaimCheckFailed``, ``GpuUnhealthy``, ``Applying``).
 - ``Progressing``: True while the agent is moving GPUs or waiting for something that clears
   by itself (an instance in use, a pending reset); False (``Applied`` or ``Blocked``) otherwise.
 - ``Degraded``: True when something needs a person: a lost or unhealthy GPU, no driver, a
@@ -45,6 +45,7 @@ _PRIORITY = (
     BlockReason.RESET_REQUIRED.value,
     BlockReason.INSTANCE_IN_USE.value,
     BlockReason.GPU_IN_USE.value,
+    BlockReason.CLAIM_CHECK_FAILED.value,
     "Applying",
 )
 _NEEDS_A_PERSON = frozenset(
@@ -58,7 +59,13 @@ _NEEDS_A_PERSON = frozenset(
     }
 )
 _WAITING = frozenset(
-    {BlockReason.RESET_REQUIRED.value, BlockReason.INSTANCE_IN_USE.value, BlockReason.GPU_IN_USE.value, "Applying"}
+    {
+        BlockReason.RESET_REQUIRED.value,
+        BlockReason.INSTANCE_IN_USE.value,
+        BlockReason.GPU_IN_USE.value,
+        BlockReason.CLAIM_CHECK_FAILED.value,
+        "Applying",
+    }
 )
 
 
@@ -67,7 +74,7 @@ def _observed_strategy(gpu: GpuInfo, desired: GpuLayout | None) -> Strategy:
     want = desired.strategy if desired is not None else None
     if gpu.mig_mode_current:
         return Strategy.DYNAMIC_MIG if want is Strategy.DYNAMIC_MIG else Strategy.MIG
-    if gpu.mps_running:
+    if gpu.mps_running or gpu.mps_crashed:  # a dead daemon is restarted; what is published stays
         return Strategy.MPS
     if want is Strategy.TIME_SLICING:
         interval = desired.time_slicing.interval if desired and desired.time_slicing else TimeSliceInterval.DEFAULT
@@ -90,7 +97,7 @@ def gpu_status(
         and desired.mig_sharing is not None
         and (
             desired.mig_sharing is ShareStrategy.TIME_SLICING
-            or all(i.mps_running for i in gpu.instances if i.uuid is not None)
+            or all(i.mps_running or i.mps_crashed for i in gpu.instances if i.uuid is not None)
         )
     ):
         sharing = desired.mig_sharing

@@ -20,6 +20,7 @@ import structlog
 from tessera import DRIVER_NAME
 from tessera.agent.backends.base import DeviceBackend
 from tessera.agent.backends.simulated import SimulatedBackend
+from tessera.agent.health import HealthTracker
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginConfig, serve_plugin
 from tessera.agent.service import AgentConfig, NodeAgent
@@ -77,6 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mps-root", default=_env("MPS_ROOT", "/run/tessera/mps"), help="MPS pipe and log folders (TESSERA_MPS_ROOT)"
     )
+    parser.add_argument(
+        "--health-recovery-seconds",
+        type=float,
+        default=float(_env("HEALTH_RECOVERY_SECONDS", "600") or "600"),
+        help="an unhealthy GPU (fatal XID, ECC) is healthy again after this long without a new error; "
+        "0: only a GPU reset clears it (TESSERA_HEALTH_RECOVERY_SECONDS, default 600)",
+    )
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="TESSERA_LOG_LEVEL")
     parser.add_argument(
         "--log-json",
@@ -119,7 +127,10 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
     if args.simulate or args.backend == "simulated":
         if not args.simulate:
             raise ValueError("--backend simulated needs --simulate SPEC, e.g. --simulate 2xH100-80GB")
-        return SimulatedBackend.from_spec(args.node_name, args.simulate, args.state_file, args.mps_root)
+        # MPS daemons are real stand-in processes, as an agent on a real node runs real ones.
+        return SimulatedBackend.from_spec(
+            args.node_name, args.simulate, args.state_file, args.mps_root, mps_processes=True
+        )
     from tessera.agent.backends.nvml import NvmlBackend
 
     return NvmlBackend(mps_root=args.mps_root)
@@ -132,8 +143,9 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
         resync_seconds=args.resync_seconds,
         metrics_host=args.metrics_host,
         metrics_port=None if args.metrics_port < 0 else args.metrics_port,
+        health_recovery_seconds=args.health_recovery_seconds,
     )
-    agent = NodeAgent(config, backend, api)
+    agent = NodeAgent(config, backend, api, HealthTracker(config.health_recovery_seconds))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
@@ -153,7 +165,8 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
             plugin_config.cdi_dir.mkdir(parents=True, exist_ok=True)
             started = asyncio.Event()
             plugin = serve_plugin(
-                plugin_config, backend, api, agent.stopping, lambda _: started.set(), agent.request_resync
+                plugin_config, backend, api, agent.stopping, lambda _: started.set(), agent.request_resync,
+                agent.health,
             )
             plugin_task = asyncio.create_task(plugin, name="kubelet-plugin")
             done, _ = await asyncio.wait(

@@ -7,6 +7,7 @@ Not for: production (the DaemonSet and Deployment in ``manifests/`` run these th
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -128,6 +129,13 @@ class TesseraProcesses:
         )
 
     def stop_all(self) -> None:
+        """Stop every process, and the MPS daemons the agents started (they outlive an agent by
+        design: on a real node they keep serving across an agent restart)."""
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
+        for pid_file in sorted(self.folder.glob("nodes/*/mps/*/pipe/nvidia-cuda-mps-control.pid")):
+            try:
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+            except (OSError, ValueError):
+                continue  # gone already, or not a pid

@@ -116,6 +116,16 @@ class ProfileInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class MpsDefaults:
+    """What an MPS client that sets nothing gets: the daemon's default active-thread percentage
+    (of the device's SMs) and default pinned device memory (MiB). None: the daemon's own
+    default (100 %, unlimited)."""
+
+    active_thread_percentage: int | None = None
+    pinned_memory_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class MigInstanceInfo:
     """A MIG GPU instance that exists, with its compute instance when it has one."""
 
@@ -131,6 +141,8 @@ class MigInstanceInfo:
     in_use: bool
     mps_running: bool = False
     mps_pipe_directory: str | None = None
+    mps_crashed: bool = False  # the agent started a daemon that died: it is restarted
+    mps_defaults: MpsDefaults | None = None  # what the running daemon's clients get by default
 
     @property
     def end(self) -> int:
@@ -163,6 +175,8 @@ class GpuInfo:
     time_slice: TimeSliceInterval | None = None  # None: unknown (NVML cannot read it back)
     mps_running: bool = False  # an MPS daemon on the whole GPU (not on MIG instances)
     mps_pipe_directory: str | None = None
+    mps_crashed: bool = False
+    mps_defaults: MpsDefaults | None = None
     health: Health = Health.HEALTHY
     health_message: str = ""
 
@@ -187,6 +201,7 @@ class HealthEventKind(StrEnum):
     XID = "Xid"
     DOUBLE_BIT_ECC = "DoubleBitEcc"
     GPU_LOST = "GpuLost"
+    GPU_RESET = "GpuReset"  # the GPU was reset: what it did before no longer holds
 
 
 # NVIDIA's drivers treat these XIDs as application errors; every other XID is fatal.
@@ -205,7 +220,9 @@ class HealthEvent:
 
     @property
     def fatal(self) -> bool:
-        """Whether the GPU should be taken out of service (application XIDs are not)."""
+        """Whether the GPU should be taken out of service (application XIDs and resets are not)."""
+        if self.kind is HealthEventKind.GPU_RESET:
+            return False
         return not (self.kind is HealthEventKind.XID and self.xid in APPLICATION_XIDS)
 
 
@@ -284,9 +301,11 @@ class DeviceBackend(Protocol):
         """Set the GPU's time-slice interval (not possible on MIG devices)."""
         ...
 
-    def start_mps(self, device_uuid: str) -> str:
-        """Start an MPS control daemon for a GPU or a MIG device; returns its pipe directory.
-        Idempotent: an already running daemon is kept."""
+    def start_mps(self, device_uuid: str, defaults: MpsDefaults | None = None) -> str:
+        """Make sure an MPS control daemon serves a GPU or a MIG device, with ``defaults`` set
+        through its control commands (None: keep what it had); returns its pipe directory.
+        Idempotent: a running daemon is kept (adopted after an agent restart); one that died
+        is started again."""
         ...
 
     def stop_mps(self, device_uuid: str) -> None:
@@ -294,7 +313,9 @@ class DeviceBackend(Protocol):
         ...
 
     def wait_health_events(self, timeout_s: float) -> list[HealthEvent]:
-        """Block up to ``timeout_s`` for health events (XIDs, ECC, GPU lost); [] on timeout."""
+        """Block up to ``timeout_s`` for health events (XIDs, ECC, GPU lost, GPU reset); [] on
+        timeout. Health that follows from events is the agent's to keep
+        (``tessera.agent.health``); ``inventory()`` reports only what a probe sees now."""
         ...
 
     def close(self) -> None:

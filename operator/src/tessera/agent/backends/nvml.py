@@ -20,12 +20,9 @@ Not for: deciding layouts, or the simulated backend.
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from ctypes import byref, c_uint
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +40,19 @@ from tessera.agent.backends.base import (
     Inventory,
     MigInstanceInfo,
     MigModeResult,
+    MpsDefaults,
     NoPermissionError,
     NotFoundError,
     NotSupportedError,
     ProfileInfo,
     ResetRequiredError,
+)
+from tessera.agent.backends.mps import (
+    CommandRunner,
+    DaemonState,
+    MpsDaemons,
+    run_checked,
+    run_command,
 )
 from tessera.models.catalog import SHAPES, model_for_product
 from tessera.models.layout import Health
@@ -66,25 +71,6 @@ _TIME_SLICE_VALUES = {
 _NO_INSTANCE = 0xFFFFFFFF
 
 
-@dataclass(frozen=True, slots=True)
-class CommandResult:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-# argv, extra environment, stdin -> result. Raises FileNotFoundError when the program is missing.
-CommandRunner = Callable[[list[str], dict[str, str], str | None], CommandResult]
-
-
-def run_command(argv: list[str], env: dict[str, str], stdin: str | None) -> CommandResult:
-    """The default runner: a subprocess with a 30 s limit."""
-    done = subprocess.run(
-        argv, input=stdin, env={**os.environ, **env}, capture_output=True, text=True, timeout=30, check=False
-    )
-    return CommandResult(done.returncode, done.stdout, done.stderr)
-
-
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -99,7 +85,7 @@ class NvmlBackend:
         runner: CommandRunner = run_command,
         mps_root: str = "/run/tessera/mps",
         nvidia_smi: str = "nvidia-smi",
-        mps_control: str = "nvidia-cuda-mps-control",
+        mps_control: str | Sequence[str] = "nvidia-cuda-mps-control",
     ) -> None:
         if nvml is None:
             import pynvml
@@ -107,15 +93,13 @@ class NvmlBackend:
             nvml = pynvml
         self._nvml = nvml
         self._runner = runner
-        self._mps_root = Path(mps_root)
         self._nvidia_smi = nvidia_smi
-        self._mps_control = mps_control
+        control = [mps_control] if isinstance(mps_control, str) else list(mps_control)
+        self._daemons = MpsDaemons(Path(mps_root), control, runner)
         self._lock = threading.RLock()
         self._initialised = False
         self._holds: dict[str, set[str]] = {}
         self._time_slices: dict[str, TimeSliceInterval] = {}
-        self._mps: dict[str, str] = {}
-        self._health: dict[str, tuple[Health, str]] = {}
         self._seen: dict[int, tuple[str, str]] = {}  # index -> (uuid, product name), for lost GPUs
         self._event_set: Any = None
 
@@ -214,7 +198,6 @@ class NvmlBackend:
                     err = self._domain_error(e, f"GPU {index}")
                     seen = self._seen.get(index)
                     if isinstance(err, GpuLostError) and seen is not None:
-                        self._health[seen[0]] = (Health.LOST, str(err))
                         gpus.append(GpuInfo(seen[0], index, seen[1], 0, health=Health.LOST, health_message=str(err)))
                     else:
                         problems.append(str(err))
@@ -246,7 +229,6 @@ class NvmlBackend:
         gis = (int(getattr(p, "gpuInstanceId", _NO_INSTANCE)) for p in processes)
         busy_gis = {gi for gi in gis if gi != _NO_INSTANCE}
         instances = self._instances(h, profiles, busy_gis) if capable and current else ()
-        health, message = self._health.get(uuid, (Health.HEALTHY, ""))
         in_use = bool(processes) or bool(self._holds.get(uuid)) or any(i.in_use for i in instances)
         return GpuInfo(
             uuid=uuid,
@@ -266,10 +248,8 @@ class NvmlBackend:
             instances=instances,
             in_use=in_use,
             time_slice=self._time_slices.get(uuid),
-            mps_running=self._mps_running(uuid),
-            mps_pipe_directory=self._mps.get(uuid),
-            health=health,
-            health_message=message,
+            **self._mps_fields(uuid),
+            health=Health.HEALTHY,  # it answered; what events say is the agent's to keep
         )
 
     def _optional(self, read: Callable[[], Any], default: Any) -> Any:
@@ -351,8 +331,7 @@ class NvmlBackend:
                         compute_instance_id=ci,
                         uuid=mig_uuid,
                         in_use=in_use,
-                        mps_running=mig_uuid is not None and self._mps_running(mig_uuid),
-                        mps_pipe_directory=self._mps.get(mig_uuid) if mig_uuid else None,
+                        **(self._mps_fields(mig_uuid) if mig_uuid else {}),
                     )
                 )
         return tuple(sorted(out, key=lambda i: (i.start, i.gpu_instance_id)))
@@ -438,7 +417,7 @@ class NvmlBackend:
                 gi = n.nvmlDeviceGetGpuInstanceById(h, gpu_instance_id)
                 if mig is not None:
                     n.nvmlComputeInstanceDestroy(n.nvmlGpuInstanceGetComputeInstanceById(gi, mig[0]))
-                    self._mps.pop(mig[1], None)
+                    self._daemons.stop(mig[1])  # a daemon of a device that is gone serves nobody
                 n.nvmlGpuInstanceDestroy(gi)
 
     def hold(self, device_uuid: str, holder: str) -> None:
@@ -455,15 +434,7 @@ class NvmlBackend:
     # -- sharing --
 
     def _run(self, what: str, argv: list[str], env: dict[str, str] | None = None, stdin: str | None = None) -> None:
-        try:
-            done = self._runner(argv, env or {}, stdin)
-        except FileNotFoundError:
-            raise NotSupportedError(f"{what}: {argv[0]} is not installed on this node") from None
-        except subprocess.TimeoutExpired:
-            raise BackendTimeoutError(f"{what}: {argv[0]} did not finish in time") from None
-        if done.returncode != 0:
-            detail = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
-            raise BackendError(f"{what}: {' '.join(argv)} failed: {detail}")
+        run_checked(self._runner, what, argv, env or {}, stdin)
 
     def set_time_slice(self, gpu_uuid: str, interval: TimeSliceInterval) -> None:
         with self._lock:
@@ -475,52 +446,39 @@ class NvmlBackend:
             )
             self._time_slices[gpu_uuid] = interval
 
-    def _pipe(self, device_uuid: str) -> Path:
-        return self._mps_root / device_uuid / "pipe"
-
-    def _mps_running(self, device_uuid: str) -> bool:
-        return device_uuid in self._mps or (self._pipe(device_uuid) / "control").exists()
-
-    def _mps_env(self, device_uuid: str) -> dict[str, str]:
+    def _mps_fields(self, device_uuid: str) -> dict[str, Any]:
+        """What the inventory says about a device's MPS daemon: alive (its pid file names a live
+        process that serves the folder), or crashed (started by the agent, now gone)."""
+        state = self._daemons.state(device_uuid)
+        record = self._daemons.record(device_uuid)
+        known = state is not DaemonState.ABSENT
         return {
-            "CUDA_VISIBLE_DEVICES": device_uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": str(self._pipe(device_uuid)),
-            "CUDA_MPS_LOG_DIRECTORY": str(self._mps_root / device_uuid / "log"),
+            "mps_running": state is DaemonState.RUNNING,
+            "mps_crashed": state is DaemonState.CRASHED,
+            "mps_pipe_directory": str(self._daemons.pipe(device_uuid)) if known else None,
+            "mps_defaults": record.defaults if record is not None and state is DaemonState.RUNNING else None,
         }
 
-    def start_mps(self, device_uuid: str) -> str:
+    def start_mps(self, device_uuid: str, defaults: MpsDefaults | None = None) -> str:
         n = self._nvml
         with self._lock:
-            pipe = self._pipe(device_uuid)
-            if self._mps_running(device_uuid):
-                self._mps[device_uuid] = str(pipe)
-                return str(pipe)
             what = f"start an MPS daemon for {device_uuid}"
-            whole_gpu = device_uuid.startswith("GPU-")
-            if whole_gpu:
+            if device_uuid.startswith("GPU-") and self._daemons.state(device_uuid) is not DaemonState.RUNNING:
                 h, _ = self._handle(device_uuid)
                 with self._nvml_call(what):
                     n.nvmlDeviceSetComputeMode(h, n.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
-            try:
-                pipe.mkdir(parents=True, exist_ok=True)
-                (self._mps_root / device_uuid / "log").mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise NoPermissionError(f"{what}: cannot create {pipe}: {e}") from None
-            self._run(what, [self._mps_control, "-d"], self._mps_env(device_uuid))
-            self._mps[device_uuid] = str(pipe)
-            return str(pipe)
+            pipe, _ = self._daemons.start(device_uuid, defaults)
+            return pipe
 
     def stop_mps(self, device_uuid: str) -> None:
         n = self._nvml
         with self._lock:
-            if not self._mps_running(device_uuid):
+            if self._daemons.state(device_uuid) is DaemonState.ABSENT:
                 return
-            what = f"stop the MPS daemon of {device_uuid}"
-            self._run(what, [self._mps_control], self._mps_env(device_uuid), "quit\n")
-            self._mps.pop(device_uuid, None)
+            self._daemons.stop(device_uuid)
             if device_uuid.startswith("GPU-"):
                 h, _ = self._handle(device_uuid)
-                with self._nvml_call(what):
+                with self._nvml_call(f"stop the MPS daemon of {device_uuid}"):
                     n.nvmlDeviceSetComputeMode(h, n.NVML_COMPUTEMODE_DEFAULT)
 
     # -- health --
@@ -562,8 +520,6 @@ class NvmlBackend:
             else:
                 xid = int(data.eventData)
                 event = HealthEvent(uuid, HealthEventKind.XID, xid, None if gi == _NO_INSTANCE else gi, f"XID {xid}")
-            if event.fatal:
-                self._health[uuid] = (Health.UNHEALTHY, f"fatal {event.message}; drain the GPU and reset it")
             return [event]
 
     def _lost_events(self) -> list[HealthEvent]:
@@ -573,7 +529,6 @@ class NvmlBackend:
                 self._nvml.nvmlDeviceGetHandleByIndex(index)
             except self._nvml.NVMLError_GpuIsLost:
                 message = f"GPU {index} has fallen off the bus (GPU_IS_LOST); reset the GPU or reboot the node"
-                self._health[uuid] = (Health.LOST, message)
                 out.append(HealthEvent(uuid, HealthEventKind.GPU_LOST, message=message))
         return out
 

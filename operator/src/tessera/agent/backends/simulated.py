@@ -13,7 +13,13 @@ so the simulated hardware outlives an agent process (crash-in-the-middle tests r
 agent) and a test process can act on it from outside ("start a process on this instance",
 "fail the next create", "raise XID 79"). Without one, the state lives in memory.
 
-``SimulatedBackend`` implements ``DeviceBackend`` on top of it. Not for: real GPUs
+Health is what the driver would say: ``inject_xid`` / ``inject_ecc_error`` / ``lose_gpu`` deliver
+events (a lost GPU also stops answering), ``reset_gpu`` reports a reset; deciding that a GPU is
+unhealthy, and when it is healthy again, is the agent's (``tessera.agent.health``).
+
+``SimulatedBackend`` implements ``DeviceBackend`` on top of it; its MPS daemons are real
+stand-in processes (``tessera.agent.backends.mpsstandin``, driven by
+``tessera.agent.backends.mps``) or, for unit tests, an in-memory model. Not for: real GPUs
 (``tessera.agent.backends.nvml``), or deciding layouts.
 """
 
@@ -24,6 +30,7 @@ import fcntl
 import json
 import os
 import re
+import sys
 import threading
 import time
 import uuid as uuidlib
@@ -46,12 +53,14 @@ from tessera.agent.backends.base import (
     Inventory,
     MigInstanceInfo,
     MigModeResult,
+    MpsDefaults,
     NoPermissionError,
     NotFoundError,
     NotSupportedError,
     ProfileInfo,
     ResetRequiredError,
 )
+from tessera.agent.backends.mps import DaemonState, MpsDaemons
 from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, GpuModel, MigProfile, model_by_key
 from tessera.models.layout import Health
 from tessera.models.policy import TimeSliceInterval
@@ -189,7 +198,8 @@ class SimState:
     node_name: str
     gpus: list[SimGpu]
     holds: dict[str, list[str]] = field(default_factory=dict)  # device UUID -> holders
-    mps: dict[str, str] = field(default_factory=dict)  # device UUID -> pipe directory
+    mps: dict[str, str] = field(default_factory=dict)  # device UUID -> pipe directory (in-memory daemons)
+    mps_defaults: dict[str, dict[str, int | None]] = field(default_factory=dict)  # device UUID -> MpsDefaults
     faults: list[SimFault] = field(default_factory=list)
     events: list[SimEvent] = field(default_factory=list)
     driver_available: bool = True
@@ -205,6 +215,7 @@ class SimState:
             gpus=gpus,
             holds={k: list(v) for k, v in data.get("holds", {}).items()},
             mps=dict(data.get("mps", {})),
+            mps_defaults={k: dict(v) for k, v in data.get("mps_defaults", {}).items()},
             faults=[SimFault(**f) for f in data.get("faults", [])],
             events=[SimEvent(**e) for e in data.get("events", [])],
             driver_available=data.get("driver_available", True),
@@ -391,7 +402,8 @@ class SimulatedHardware:
             return gpu.mig_current, gpu.mig_pending
 
     def reset_gpu(self, index: int) -> None:
-        """A GPU reset: pending MIG mode takes effect, instances and daemons go, health returns."""
+        """A GPU reset: pending MIG mode takes effect, instances and daemons go, a lost GPU
+        answers again, and the driver reports the reset (an event), so health can return."""
         with self.transaction() as s:
             gpu = self._gpu(s, index, allow_lost=True)
             if self._gpu_in_use(s, gpu):
@@ -406,6 +418,7 @@ class SimulatedHardware:
             gpu.lost = False
             gpu.health = Health.HEALTHY.value
             gpu.health_message = ""
+            s.events.append(SimEvent(index, HealthEventKind.GPU_RESET.value, message=f"GPU {index} was reset"))
 
     # -- instances --
 
@@ -524,13 +537,22 @@ class SimulatedHardware:
                     return g, i
         raise NotFoundError(f"no GPU or MIG device {device_uuid} on node {s.node_name}")
 
-    def start_mps(self, device_uuid: str) -> str:
+    def check_mps(self, device_uuid: str, operation: str) -> None:
+        """What the driver checks before an MPS daemon starts or stops on a device (it exists,
+        its GPU answers), and the faults a test injected for ``operation``."""
         with self.transaction() as s:
             gpu, _ = self._find_device(s, device_uuid)
             self._gpu(s, gpu.index)
-            self._maybe_fail(s, "start_mps", gpu.index)
+            self._maybe_fail(s, operation, gpu.index)
+
+    def start_mps(self, device_uuid: str, defaults: MpsDefaults | None = None) -> str:
+        """The in-memory model of a daemon (no process): a pipe folder name and its defaults."""
+        with self.transaction() as s:
+            self.check_mps(device_uuid, "start_mps")
             pipe = s.mps.get(device_uuid) or f"{self.mps_root}/{device_uuid}"
             s.mps[device_uuid] = pipe
+            if defaults is not None or device_uuid not in s.mps_defaults:
+                s.mps_defaults[device_uuid] = asdict(defaults or MpsDefaults())
             return pipe
 
     def stop_mps(self, device_uuid: str) -> None:
@@ -540,6 +562,7 @@ class SimulatedHardware:
             gpu, _ = self._find_device(s, device_uuid)
             self._maybe_fail(s, "stop_mps", gpu.index)
             del s.mps[device_uuid]
+            s.mps_defaults.pop(device_uuid, None)
 
     # -- faults and health --
 
@@ -560,15 +583,18 @@ class SimulatedHardware:
             s.faults.clear()
 
     def inject_xid(self, index: int, xid: int, gpu_instance_id: int | None = None) -> None:
-        """The driver reports XID ``xid`` on GPU ``index``; a fatal one marks the GPU unhealthy."""
-        event = HealthEvent(f"sim-{index}", HealthEventKind.XID, xid, gpu_instance_id)
+        """The driver reports XID ``xid`` on GPU ``index`` (an event, as NVML delivers it; the
+        GPU still answers probes). The agent marks the GPU unhealthy for a fatal one."""
         with self.transaction() as s:
-            gpu = self._gpu(s, index, allow_lost=True)
+            self._gpu(s, index, allow_lost=True)
             message = f"XID {xid}" + (f" on GPU instance {gpu_instance_id}" if gpu_instance_id else "")
             s.events.append(SimEvent(index, HealthEventKind.XID.value, xid, gpu_instance_id, message))
-            if event.fatal:
-                gpu.health = Health.UNHEALTHY.value
-                gpu.health_message = f"fatal {message}; drain the GPU and reset it"
+
+    def inject_ecc_error(self, index: int) -> None:
+        """The driver reports a double-bit ECC error on GPU ``index`` (fatal)."""
+        with self.transaction() as s:
+            self._gpu(s, index, allow_lost=True)
+            s.events.append(SimEvent(index, HealthEventKind.DOUBLE_BIT_ECC.value, message="double-bit ECC error"))
 
     def lose_gpu(self, index: int) -> None:
         """GPU ``index`` falls off the bus: every call on it fails with GPU_IS_LOST until a reset."""
@@ -606,17 +632,32 @@ def _profile_info(p: MigProfile) -> ProfileInfo:
     )
 
 
-class SimulatedBackend:
-    """``DeviceBackend`` over ``SimulatedHardware``: deterministic, fault-injectable GPUs."""
+# The MPS control program of the simulated backend: a stand-in process with the real one's surface.
+STANDIN_MPS_CONTROL = (sys.executable, "-m", "tessera.agent.backends.mpsstandin")
 
-    def __init__(self, hardware: SimulatedHardware) -> None:
+
+class SimulatedBackend:
+    """``DeviceBackend`` over ``SimulatedHardware``: deterministic, fault-injectable GPUs.
+
+    MPS daemons are real stand-in processes (``daemons``, as the agent runs it: they have pids
+    and pipe folders, outlive the agent, can be killed) or, without ``daemons``, an in-memory
+    model in the hardware state (unit tests)."""
+
+    def __init__(self, hardware: SimulatedHardware, daemons: MpsDaemons | None = None) -> None:
         self.hardware = hardware
+        self.daemons = daemons
 
     @classmethod
     def from_spec(
-        cls, node_name: str, spec: str, state_file: Path | None = None, mps_root: str = "/run/tessera/mps"
+        cls,
+        node_name: str,
+        spec: str,
+        state_file: Path | None = None,
+        mps_root: str = "/run/tessera/mps",
+        mps_processes: bool = False,
     ) -> SimulatedBackend:
-        return cls(SimulatedHardware(node_name, parse_simulate_spec(spec), state_file, mps_root))
+        daemons = MpsDaemons(Path(mps_root), STANDIN_MPS_CONTROL) if mps_processes else None
+        return cls(SimulatedHardware(node_name, parse_simulate_spec(spec), state_file, mps_root), daemons)
 
     @property
     def name(self) -> str:
@@ -632,8 +673,24 @@ class SimulatedBackend:
             cuda_version=SIM_CUDA_VERSION,
         )
 
-    @staticmethod
-    def _gpu_info(s: SimState, g: SimGpu) -> GpuInfo:
+    def _mps_fields(self, s: SimState, device_uuid: str) -> dict[str, Any]:
+        if self.daemons is None:
+            defaults = s.mps_defaults.get(device_uuid)
+            return {
+                "mps_running": device_uuid in s.mps,
+                "mps_pipe_directory": s.mps.get(device_uuid),
+                "mps_defaults": MpsDefaults(**defaults) if defaults is not None and device_uuid in s.mps else None,
+            }
+        state = self.daemons.state(device_uuid)
+        record = self.daemons.record(device_uuid)
+        return {
+            "mps_running": state is DaemonState.RUNNING,
+            "mps_crashed": state is DaemonState.CRASHED,
+            "mps_pipe_directory": str(self.daemons.pipe(device_uuid)) if state is not DaemonState.ABSENT else None,
+            "mps_defaults": record.defaults if record is not None and state is DaemonState.RUNNING else None,
+        }
+
+    def _gpu_info(self, s: SimState, g: SimGpu) -> GpuInfo:
         model = g.catalog
 
         def busy(device: str | None) -> bool:
@@ -654,8 +711,7 @@ class SimulatedBackend:
                     compute_instance_id=i.compute_instance_id,
                     uuid=i.uuid,
                     in_use=busy(i.uuid),
-                    mps_running=i.uuid in s.mps if i.uuid else False,
-                    mps_pipe_directory=s.mps.get(i.uuid) if i.uuid else None,
+                    **(self._mps_fields(s, i.uuid) if i.uuid else {}),
                 )
             )
         return GpuInfo(
@@ -675,8 +731,7 @@ class SimulatedBackend:
             instances=() if g.lost else tuple(instances),
             in_use=busy(g.uuid) or any(i.in_use for i in instances),
             time_slice=TimeSliceInterval(g.time_slice),
-            mps_running=g.uuid in s.mps,
-            mps_pipe_directory=s.mps.get(g.uuid),
+            **self._mps_fields(s, g.uuid),
             health=Health(g.health),
             health_message=g.health_message,
         )
@@ -710,9 +765,12 @@ class SimulatedBackend:
         index = hw.gpu_index(gpu_uuid)
         with hw.transaction() as s:  # one step: the nested calls share this transaction
             gi = hw._gpu(s, index).instance(gpu_instance_id)
+            mig_uuid = gi.uuid
             if gi.compute_instance_id is not None:
                 hw.destroy_compute_instance(index, gpu_instance_id)
             hw.destroy_gpu_instance(index, gpu_instance_id)
+        if self.daemons is not None and mig_uuid is not None:
+            self.daemons.stop(mig_uuid)  # a daemon of a device that is gone serves nobody
 
     def hold(self, device_uuid: str, holder: str) -> None:
         self.hardware.hold(device_uuid, holder)
@@ -723,11 +781,21 @@ class SimulatedBackend:
     def set_time_slice(self, gpu_uuid: str, interval: TimeSliceInterval) -> None:
         self.hardware.set_time_slice(self.hardware.gpu_index(gpu_uuid), interval)
 
-    def start_mps(self, device_uuid: str) -> str:
-        return self.hardware.start_mps(device_uuid)
+    def start_mps(self, device_uuid: str, defaults: MpsDefaults | None = None) -> str:
+        if self.daemons is None:
+            return self.hardware.start_mps(device_uuid, defaults)
+        self.hardware.check_mps(device_uuid, "start_mps")
+        pipe, _ = self.daemons.start(device_uuid, defaults)
+        return pipe
 
     def stop_mps(self, device_uuid: str) -> None:
-        self.hardware.stop_mps(device_uuid)
+        if self.daemons is None:
+            self.hardware.stop_mps(device_uuid)
+            return
+        if self.daemons.state(device_uuid) is DaemonState.ABSENT:
+            return
+        self.hardware.check_mps(device_uuid, "stop_mps")
+        self.daemons.stop(device_uuid)
 
     def wait_health_events(self, timeout_s: float) -> list[HealthEvent]:
         deadline = time.monotonic() + timeout_s

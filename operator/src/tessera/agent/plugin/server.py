@@ -5,7 +5,9 @@ The kubelet's plugin watcher finds ``<registry>/<driver>-reg.sock``, asks it ``G
 reports back with ``NotifyRegistrationStatus``. It then calls ``NodePrepareResources`` /
 ``NodeUnprepareResources`` on ``<plugins>/<driver>/dra.sock``, in version v1 or v1beta1 (the
 same service; v1 adds a device's share ID). Every claim of a request gets an answer: its CDI
-device IDs, or an error for that claim only.
+device IDs, or an error for that claim only. The same socket serves the device-health stream
+``v1alpha1.DRAResourceHealth/NodeWatchResources`` (``tessera.agent.plugin.health``) from the
+agent's ``HealthTracker``.
 
 ``KubeletPlugin`` is what the agent process starts and stops; ``serve_plugin`` runs one until
 told to stop. The DRA socket is served before the registration socket appears, so the kubelet
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -28,12 +30,19 @@ import structlog
 from kubernetes_asyncio import client as k8s
 
 from tessera import DRIVER_NAME
+from tessera.agent.health import HealthTracker
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.checkpoint import PreparedClaim
 from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, KubeClaimReader
 from tessera.agent.plugin.hardware import PluginBackend
+from tessera.agent.plugin.health import HEALTH_SERVICE, watch_resources
 from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
-from tessera.agent.plugin.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
+from tessera.agent.plugin.proto import (
+    dra_health_v1alpha1_pb2,
+    dra_v1_pb2,
+    dra_v1beta1_pb2,
+    pluginregistration_v1_pb2,
+)
 
 log = structlog.get_logger("tessera.agent.plugin")
 
@@ -58,6 +67,7 @@ class PluginConfig:
     checkpoint_path: Path | None = None  # default: <plugin_dir>/checkpoint.json
     proc_root: Path = Path("/proc")
     stop_grace_s: float = 5.0
+    health_refresh_s: float = 10.0  # the health stream repeats itself this often (the kubelet waits 30 s)
 
     @property
     def plugin_folder(self) -> Path:
@@ -102,9 +112,12 @@ class KubeletPlugin:
         backend: PluginBackend,
         reader: ClaimReader,
         on_change: Callable[[], None] | None = None,
+        health: HealthTracker | None = None,
     ) -> None:
         self.config = config
         self.on_change = on_change  # e.g. the agent's request_resync: its status follows at once
+        self.health = health or HealthTracker()  # the agent's; a plugin alone reports no device
+        self._stopping = asyncio.Event()
         self.preparer = ClaimPreparer(
             backend,
             reader,
@@ -120,6 +133,11 @@ class KubeletPlugin:
         self._dra_server: Any = None
         self._registration_server: Any = None
         self._log = log.bind(node=config.node_name, driver=config.driver_name)
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set once ``stop()`` began: open health streams end."""
+        return self._stopping
 
     # -- what the agent asks --
 
@@ -169,6 +187,7 @@ class KubeletPlugin:
             [
                 _dra_handler(DRA_V1_SERVICE, dra_v1_pb2, self, with_share_id=True),
                 _dra_handler(DRA_V1BETA1_SERVICE, dra_v1beta1_pb2, self, with_share_id=False),
+                _health_handler(self),
             ],
         )
         self._registration_server = await _serve(self.config.registration_socket, [_registration_handler(self)])
@@ -180,6 +199,7 @@ class KubeletPlugin:
 
     async def stop(self) -> None:
         """Stop serving; the registration socket goes first so the kubelet stops calling."""
+        self._stopping.set()  # health streams end now, not after the grace period
         for server, socket in (
             (self._registration_server, self.config.registration_socket),
             (self._dra_server, self.config.dra_socket),
@@ -266,6 +286,26 @@ def _dra_handler(service: str, pb: Any, plugin: KubeletPlugin, with_share_id: bo
     )
 
 
+def _health_handler(plugin: KubeletPlugin) -> Any:
+    pb = dra_health_v1alpha1_pb2
+
+    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:  # grpc wants an async generator function
+        config = plugin.config
+        async for message in watch_resources(plugin.health, config.node_name, config.health_refresh_s, plugin.stopping):
+            yield message
+
+    return grpc.method_handlers_generic_handler(
+        HEALTH_SERVICE,
+        {
+            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                stream,
+                request_deserializer=pb.NodeWatchResourcesRequest.FromString,
+                response_serializer=pb.NodeWatchResourcesResponse.SerializeToString,
+            )
+        },
+    )
+
+
 def _registration_handler(plugin: KubeletPlugin) -> Any:
     pb = pluginregistration_v1_pb2
     return grpc.method_handlers_generic_handler(
@@ -310,12 +350,13 @@ async def serve_plugin(
     stop: asyncio.Event | None = None,
     started: Callable[[KubeletPlugin], None] | None = None,
     on_change: Callable[[], None] | None = None,
+    health: HealthTracker | None = None,
 ) -> None:
     """Run the kubelet plugin until ``stop`` is set (or the task is cancelled).
 
     ``started`` gets the running plugin, e.g. to let the reconciler ask
     ``plugin.in_use_device_uuids()``."""
-    plugin = KubeletPlugin(config, backend, KubeClaimReader(api_client), on_change)
+    plugin = KubeletPlugin(config, backend, KubeClaimReader(api_client), on_change, health)
     async with plugin:
         if started is not None:
             started(plugin)

@@ -1,0 +1,218 @@
+"""The agent is the last line against the real control plane: a ResourceClaim allocated a device
+just before the agent would destroy it keeps its device, and the agent says which claim.
+
+1. The race, exactly: the reconciler plans a destroy from the hardware, and the allocation is
+   written (acknowledged by the apiserver) after that plan and before the destroy runs. The
+   guard reads claims right before the destroy, so it sees the allocation. Seeded rounds pick
+   which instance is claimed and whether the claim lands before or after the plan.
+2. The agent process: a claim allocated, then at once a spec that would remove its instance;
+   the agent keeps it, reports ``InstanceInUse`` naming the claim, and finishes the layout once
+   the claim is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid as uuidlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera import DRIVER_NAME
+from tessera.agent.backends.base import GpuInfo, Inventory
+from tessera.agent.backends.simulated import SimulatedBackend, SimulatedHardware, parse_simulate_spec
+from tessera.agent.claimguard import ClaimGuard
+from tessera.agent.reconciler import BlockReason, OpKind, apply_layout
+from tessera.agent.status import build_status
+from tessera.kube.claims import list_resource_claims
+from tessera.kube.client import make_api_client
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
+from tessera.models.policy import Strategy
+from tests.integration.kube_helpers import get_or_none
+
+pytestmark = pytest.mark.integration
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "tessera.dev_nodelayouts.yaml"
+SEED = int(os.environ.get("TESSERA_RACE_SEED", "20261202"))
+
+
+def mig(uuid: str, *placed: tuple[str, int]) -> GpuLayout:
+    instances = [PlacedInstance(profile=p, start=s) for p, s in placed]
+    return GpuLayout(uuid=uuid, strategy=Strategy.MIG, mig_instances=instances)
+
+
+def create_claim(cluster: LocalCluster, namespace: str, name: str) -> None:
+    cluster.apply_objects([{
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.tessera.dev"}}]}},
+    }])
+
+
+def allocate(cluster: LocalCluster, namespace: str, name: str, node: str, device: str) -> None:
+    """Write the allocation as the scheduler does (status subresource); returns once acknowledged."""
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": DRIVER_NAME, "pool": node, "device": device}]}}
+    cluster.kubectl(
+        "patch", "resourceclaim", name, "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"allocation": allocation}}),
+    )
+
+
+class AllocateAfterPlan(SimulatedBackend):
+    """The backend under the reconciler: once the plan's inventory has been read, the claim's
+    allocation is written (so it lands between the plan and the destroy)."""
+
+    def __init__(self, hardware: SimulatedHardware) -> None:
+        super().__init__(hardware)
+        self.on_next_inventory: Any = None
+
+    def inventory(self) -> Inventory:
+        seen = super().inventory()
+        hook, self.on_next_inventory = self.on_next_inventory, None
+        if hook is not None:
+            hook()
+        return seen
+
+
+async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
+    cluster: LocalCluster, namespace: str
+) -> None:
+    rng = random.Random(SEED)
+    api = await make_api_client(str(cluster.kubeconfig))
+    loop = asyncio.get_running_loop()
+
+    def list_claims() -> Sequence[Mapping[str, Any]]:
+        return asyncio.run_coroutine_threadsafe(list_resource_claims(api), loop).result(30)
+
+    try:
+        for round_no in range(6):
+            node = f"race-{uuidlib.uuid4().hex[:6]}"
+            backend = AllocateAfterPlan(SimulatedHardware(node, parse_simulate_spec("1xH100-80GB")))
+            gpu: GpuInfo = backend.inventory().gpus[0]
+            two = NodeLayoutSpec(gpus=[mig(gpu.uuid, ("3g.40gb", 0), ("3g.40gb", 4))])
+            first = await asyncio.to_thread(apply_layout, backend, two)
+            published = build_status(first.inventory, two, first.plans, backend="simulated", agent_version="t",
+                                     observed_generation=1)
+            start = rng.choice([0, 4])
+            device = f"gpu-0-mig-3g-40gb-{start}"
+            name = f"held-{round_no}"
+            create_claim(cluster, namespace, name)
+            after_plan = rng.random() < 0.75
+            if after_plan:
+                backend.on_next_inventory = lambda n=name, nd=node, d=device: allocate(cluster, namespace, n, nd, d)
+            else:
+                await asyncio.to_thread(allocate, cluster, namespace, name, node, device)
+            whole = NodeLayoutSpec(gpus=[mig(gpu.uuid, ("7g.80gb", 0))])
+            guard = ClaimGuard(list_claims, driver=DRIVER_NAME, node=node, spec=whole, published=published)
+
+            result = await asyncio.to_thread(apply_layout, backend, whole, guard=guard)
+
+            when = "after" if after_plan else "before"
+            where = f"round {round_no} (seed {SEED}): claim on {device}, allocated {when} the plan"
+            left = [(i.profile, i.start) for i in backend.inventory().gpus[0].instances]
+            assert ("3g.40gb", start) in left, f"{where}: the claimed instance was destroyed"
+            refused = [(op.kind, op.start, b.reason) for op, b in result.refusals]
+            assert refused == [(OpKind.DESTROY_INSTANCE, start, BlockReason.INSTANCE_IN_USE)], where
+            assert f"ResourceClaim {namespace}/{name} is allocated device {device}" in result.refusals[0][1].message
+            if start == 4:  # destroys run in slice order: the unclaimed 3g.40gb@0 went first
+                assert ("3g.40gb", 0) not in left, f"{where}: the unclaimed instance was spared"
+    finally:
+        await api.close()
+
+
+# -- the agent process ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def agent(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A Ready Node and its agent process (1 simulated H100, no kubelet plugin)."""
+    cluster.apply(CRD)
+    node = f"guard-{uuidlib.uuid4().hex[:8]}"
+    cluster.add_node(node, labels={"nvidia.com/gpu.present": "true"})
+    state = tmp_path / "gpus.json"
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "tessera.cli.agent",
+                "--node-name", node, "--simulate", "1xH100-80GB", "--state-file", str(state),
+                "--kubeconfig", str(cluster.kubeconfig), "--metrics-port", "-1", "--resync-seconds", "1",
+                "--mps-root", str(tmp_path / "mps"), "--no-kubelet-plugin", "--log-json",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield node, state
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+        print(log_path.read_text()[-4000:])
+
+
+def _layout(cluster: LocalCluster, node: str) -> dict[str, Any]:
+    """The node's NodeLayout; {} until the agent has created it."""
+    return get_or_none(cluster, "nodelayouts.tessera.dev", node) or {}
+
+
+def _ready(obj: dict[str, Any]) -> dict[str, Any]:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+
+
+def _set_spec(cluster: LocalCluster, node: str, gpus: list[dict[str, Any]]) -> int:
+    out = cluster.kubectl("patch", "nodelayouts.tessera.dev", node, "--type", "merge", "-o", "json",
+                          "-p", json.dumps({"spec": {"gpus": gpus}}))
+    generation: int = json.loads(out.stdout)["metadata"]["generation"]
+    return generation
+
+
+async def test_the_agent_refuses_to_destroy_a_claimed_instance_and_names_the_claim(
+    cluster: LocalCluster, namespace: str, agent: tuple[str, Path]
+) -> None:
+    node, state = agent
+    await wait_for(lambda: _layout(cluster, node).get("status", {}).get("gpus"), timeout=60,
+                   message="the agent's first status")
+    gpu = _layout(cluster, node)["status"]["gpus"][0]["uuid"]
+    generation = _set_spec(cluster, node, [{"uuid": gpu, "strategy": "MIG", "migInstances": [
+        {"profile": "3g.40gb", "start": 0}, {"profile": "3g.40gb", "start": 4}]}])
+
+    def settled(gen: int, reason: str) -> dict[str, Any] | None:
+        obj = _layout(cluster, node)
+        done = obj.get("status", {}).get("observedGeneration") == gen and _ready(obj).get("reason") == reason
+        return obj if done else None
+
+    await wait_for(lambda: settled(generation, "Applied"), timeout=30, message="two 3g.40gb instances")
+
+    # The scheduler allocates 3g.40gb@4 to a claim; the next moment the spec asks for one 7g.
+    create_claim(cluster, namespace, "vllm-0")
+    allocate(cluster, namespace, "vllm-0", node, "gpu-0-mig-3g-40gb-4")
+    generation = _set_spec(cluster, node, [{"uuid": gpu, "strategy": "MIG", "migInstances": [
+        {"profile": "7g.80gb", "start": 0}]}])
+
+    obj = await wait_for(lambda: settled(generation, "InstanceInUse"), timeout=30,
+                         message="Ready=False InstanceInUse naming the claim")
+    assert f"ResourceClaim {namespace}/vllm-0 is allocated device gpu-0-mig-3g-40gb-4" in _ready(obj)["message"]
+    hw = SimulatedHardware.open(state)
+    assert [(i.profile_id, i.start) for i in hw.snapshot().gpus[0].instances] == [(9, 4)], (
+        "the unclaimed 3g.40gb@0 went, the claimed one stays"
+    )
+
+    # The claim is released (deleted): the agent finishes the layout.
+    cluster.kubectl("delete", "resourceclaim", "vllm-0", "-n", namespace)
+    obj = await wait_for(lambda: settled(generation, "Applied"), timeout=30, message="7g.80gb once the claim is gone")
+    assert [(i["profile"], i["start"]) for i in obj["status"]["gpus"][0]["migInstances"]] == [("7g.80gb", 0)]
