@@ -189,6 +189,18 @@ def test_kustomization_builds_the_same_objects_as_install_yaml(cluster: LocalClu
     assert sorted(built, key=key) == sorted(load_documents(INSTALL.read_text()), key=key)
 
 
+def test_the_overlay_without_extended_resource_drops_only_that_field(cluster: LocalCluster) -> None:
+    built = load_documents(cluster.kubectl("kustomize", str(MANIFESTS / "without-extended-resource")).stdout)
+    expected = load_documents(INSTALL.read_text())
+    whole = [d for d in expected if d["kind"] == "DeviceClass" and d["metadata"]["name"] == "whole-gpu.tessera.dev"]
+    assert [d["spec"].pop("extendedResourceName") for d in whole] == ["nvidia.com/gpu"]
+
+    def key(doc: dict[str, Any]) -> tuple[str, str, str]:
+        return doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]
+
+    assert sorted(built, key=key) == sorted(expected, key=key)
+
+
 def test_sample_policies_and_workloads_pass_admission(cluster: LocalCluster, namespace: str) -> None:
     cluster.kubectl("apply", "--dry-run=server", "-f", str(SAMPLES / "sharingpolicies.yaml"))
     for sample in ("inference-mig-3g.yaml", "inference-shared-10gi.yaml"):
