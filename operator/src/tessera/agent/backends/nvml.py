@@ -5,6 +5,9 @@ processes), never from the catalog, except the full GPU's SM count (NVML has no 
 NVML errors become ``BackendError`` subclasses whose messages say what failed on which GPU and
 what to do. No driver, no GPU, or a lost GPU is reported by ``inventory()``, never raised.
 
+Where a GPU sits (its PCIe root complex, its NUMA node) comes from sysfs by the PCI bus id
+NVML reports (``tessera.agent.backends.pci``; ``sysfs`` moves the root for tests).
+
 Things NVML cannot do are done the way NVIDIA's tools do them, through commands run by an
 injectable runner: time-slice intervals (``nvidia-smi compute-policy --set-timeslice``) and
 MPS control daemons (``nvidia-cuda-mps-control -d`` / ``quit``, one per GPU or MIG device,
@@ -49,6 +52,7 @@ from tessera.agent.backends.base import (
     ProfileInfo,
     ResetRequiredError,
 )
+from tessera.agent.backends.pci import read_topology
 from tessera.models.catalog import SHAPES, model_for_product
 from tessera.models.layout import Health
 from tessera.models.policy import TimeSliceInterval
@@ -100,6 +104,7 @@ class NvmlBackend:
         mps_root: str = "/run/tessera/mps",
         nvidia_smi: str = "nvidia-smi",
         mps_control: str = "nvidia-cuda-mps-control",
+        sysfs: str = "/sys",
     ) -> None:
         if nvml is None:
             import pynvml
@@ -110,6 +115,7 @@ class NvmlBackend:
         self._mps_root = Path(mps_root)
         self._nvidia_smi = nvidia_smi
         self._mps_control = mps_control
+        self._sysfs = Path(sysfs)
         self._lock = threading.RLock()
         self._initialised = False
         self._holds: dict[str, set[str]] = {}
@@ -232,7 +238,10 @@ class NvmlBackend:
         major, minor = n.nvmlDeviceGetCudaComputeCapability(h)
         arch = self._optional(lambda: _ARCHITECTURES.get(int(n.nvmlDeviceGetArchitecture(h)), ""), "")
         pci = self._optional(lambda: _s(n.nvmlDeviceGetPciInfo(h).busId), None)
-        numa = self._optional(lambda: int(n.nvmlDeviceGetNumaNodeId(h)), None)
+        topology = read_topology(self._sysfs, pci)
+        numa = topology.numa_node
+        if numa is None:  # no sysfs entry (a VM may hide it): the driver's answer, where it has one
+            numa = self._optional(lambda: int(n.nvmlDeviceGetNumaNodeId(h)), None)
         device_minor = self._optional(lambda: int(n.nvmlDeviceGetMinorNumber(h)), None)
         try:
             current, pending = n.nvmlDeviceGetMigMode(h)
@@ -258,6 +267,7 @@ class NvmlBackend:
             cuda_compute_capability=f"{major}.{minor}",
             architecture=arch,
             pci_bus_id=pci,
+            pcie_root=topology.pcie_root,
             numa_node=numa if numa is None or numa >= 0 else None,
             mig_capable=capable,
             mig_mode_current=bool(current),
