@@ -157,6 +157,54 @@ async def test_mps_share_gets_the_pipe_folder_and_the_limits_it_was_allocated(
     assert prepared.devices[0].share_id == "share-1"
 
 
+def admin(body: dict[str, Any]) -> dict[str, Any]:
+    for r in body["status"]["allocation"]["devices"]["results"]:
+        r["adminAccess"] = True
+    return body
+
+
+async def test_an_admin_access_claim_sees_its_devices_without_holding_them_or_mps_limits(
+    plugin: ClaimPreparer, reader: FakeClaimReader, backend: SimulatedBackend, dirs: PluginDirs
+) -> None:
+    gpu1, gpu0 = gpu(backend, 1), gpu(backend, 0)
+    static = next(i for i in gpu0.instances if (i.profile, i.start) == ("3g.40gb", 0))
+    body = admin(claim("monitor", result(MPS, "mps"), result(STATIC, "mig")))
+    reader.add(body)
+
+    prepared = await plugin.prepare(ref(body))
+
+    spec = spec_of(dirs, body)
+    at = {d["name"].rsplit("-gpu-", 1)[1]: i for i, d in enumerate(spec["devices"])}
+    mps_at, mig_at = at["1"], at["0-mig-3g-40gb-0"]
+    assert env_of(spec, mps_at) == {"NVIDIA_VISIBLE_DEVICES": gpu1.uuid, "CUDA_VISIBLE_DEVICES": gpu1.uuid}, (
+        "the MPS GPU is visible, with no MPS pipe and no limits"
+    )
+    assert "mounts" not in spec["devices"][mps_at]["containerEdits"]
+    assert env_of(spec, mig_at)["NVIDIA_VISIBLE_DEVICES"] == static.uuid
+    assert holders(backend, gpu1.uuid) == []
+    assert holders(backend, static.uuid or "") == [], "a repartition never waits for a monitoring claim"
+    assert plugin.in_use_device_uuids() == frozenset()
+    assert [d.admin_access for d in prepared.devices] == [True, True]
+
+    # Across a restart too: the checkpoint remembers the devices are not held.
+    again = preparer(backend, reader, dirs)
+    await again.restore()
+    assert holders(backend, static.uuid or "") == []
+    await again.unprepare(ref(body))
+    assert not (dirs.cdi / spec_file_name(body["metadata"]["uid"])).exists()
+
+
+async def test_admin_access_to_a_dynamic_mig_placement_is_refused_and_makes_nothing(
+    plugin: ClaimPreparer, reader: FakeClaimReader, backend: SimulatedBackend
+) -> None:
+    body = admin(claim("monitor-dyn", result(dynamic("1g.10gb", 0))))
+    reader.add(body)
+
+    with pytest.raises(ClaimError, match="admin access to a DynamicMIG placement"):
+        await plugin.prepare(ref(body))
+    assert gpu(backend, 2).instances == ()
+
+
 async def test_an_mps_share_of_a_mig_instance_uses_that_instances_mps_server(
     plugin: ClaimPreparer, reader: FakeClaimReader, backend: SimulatedBackend, dirs: PluginDirs
 ) -> None:

@@ -49,6 +49,7 @@ class AllocatedDevice:
     ref: DeviceRef
     share_id: str | None = None
     consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+    admin_access: bool = False  # a monitoring claim: the device is made visible, never held or limited
 
     @property
     def request_name(self) -> str:
@@ -95,6 +96,7 @@ def allocated_devices(claim: Claim, ref: ClaimRef, driver: str, node: str) -> li
                 ref=device_ref,
                 share_id=result.get("shareID"),
                 consumed_capacity={str(k): str(v) for k, v in (result.get("consumedCapacity") or {}).items()},
+                admin_access=result.get("adminAccess") is True,
             )
         )
     return devices

@@ -19,6 +19,9 @@ What a container gets per device (the pure ``build_cdi_devices``):
   every device of the same request, so a container that gets them all sees them all;
 - device nodes: ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools`` once per
   claim, ``/dev/nvidia<minor>`` and MIG capability nodes per device;
+- for an admin-access device (``adminAccess: true``, a monitoring claim): the same UUIDs and
+  device nodes, but no MPS pipe or limits, and no hold: the reconciler may change the device
+  under it, and the operator never waits for it;
 - for an MPS share: the host's pipe folder of that device's MPS server mounted at
   ``/tmp/nvidia-mps`` with ``CUDA_MPS_PIPE_DIRECTORY`` pointing there,
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from the allocation's consumed ``compute`` and
@@ -107,7 +110,10 @@ def mps_limits(consumed: Mapping[str, str]) -> MpsLimits:
 
 def is_mps_share(device: AllocatedDevice, pipe_directory: str | None) -> bool:
     """An MPS share: the device runs an MPS server, or the allocation consumed ``compute``
-    (only MPS devices publish that capacity)."""
+    (only MPS devices publish that capacity). An admin-access device is never one: a
+    monitoring container sees the device without joining its MPS server or its limits."""
+    if device.admin_access:
+        return False
     return pipe_directory is not None or COMPUTE in device.consumed_capacity
 
 
@@ -363,6 +369,7 @@ class ClaimPreparer:
                     gpu_uuid=a.gpu_uuid,
                     device_uuid=a.device_uuid,
                     dynamic=next((i for i in created if i.uuid == a.device_uuid), None),
+                    admin_access=a.allocated.admin_access,
                 )
                 for a, c in zip(accesses, cdi_devices, strict=True)
             ),
@@ -410,12 +417,18 @@ class ClaimPreparer:
                         f"{start} (its layout changed after the scheduler allocated it)"
                     )
             elif d.ref.kind is DeviceKind.DYNAMIC_MIG:
+                if d.admin_access:
+                    raise ClaimError(
+                        f"device {d.device}: admin access to a DynamicMIG placement has nothing to look at "
+                        "(its instance exists only while a claim holds it); ask for the GPU or a MIG instance"
+                    )
                 instance, made = await self._dynamic_instance(ref, gpu, d)
                 if made is not None:
                     created.append(made)
             device_uuid = instance.uuid if instance is not None and instance.uuid else gpu.uuid
-            await self._call(self._backend.hold, device_uuid, ref.uid)
-            held.append(device_uuid)
+            if not d.admin_access:  # an admin claim looks; it never keeps a repartition waiting
+                await self._call(self._backend.hold, device_uuid, ref.uid)
+                held.append(device_uuid)
             pipe = (instance.mps_pipe_directory if instance is not None else gpu.mps_pipe_directory)
             if is_mps_share(d, pipe) and pipe is None:
                 pipe = await self._call(self._backend.start_mps, device_uuid)
