@@ -269,6 +269,8 @@ AGENT_RESOURCES = {
     ("tessera.dev", "nodelayouts"): [("kube/nodelayouts.py", "create_cluster_custom_object(")],
     ("tessera.dev", "nodelayouts/status"): [("kube/nodelayouts.py", "replace_cluster_custom_object_status(")],
     ("resource.k8s.io", "resourceclaims"): [("agent/plugin/claims.py", "read_namespaced_resource_claim(")],
+    ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", "patch_namespaced_custom_object_status(")],
+    ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", "apply-patch")],
 }
 
 
@@ -313,6 +315,10 @@ def test_agent_cannot_write_specs_slices_or_other_objects() -> None:
     assert agent[("tessera.dev", "nodelayouts")] == {"get", "list", "watch", "create"}, no_update
     assert agent[("tessera.dev", "nodelayouts/status")] == {"update"}
     assert agent[("resource.k8s.io", "resourceclaims")] == {"get"}
+    assert agent[("resource.k8s.io", "resourceclaims/status")] == {"patch"}
+    assert agent[("resource.k8s.io", "resourceclaims/driver")] == {"associated-node:patch"}
+    (driver_rule,) = [r for r in rules("ClusterRole", "tessera-agent") if "resourceclaims/driver" in r["resources"]]
+    assert driver_rule["resourceNames"] == [tessera.DRIVER_NAME], "its own driver's entries, nobody else's"
     operator = operator_grants()
     assert "nodelayouts/status" not in {r for _, r in operator}, "status is the agent's"
     assert operator[("", "events")] == {"create"}
