@@ -57,6 +57,7 @@ async def apply_claim_device_status(
             **options,
         )
     except ApiException as error:
-        if error.status == 404 or (error.status == 409 and "uid" in str(error.body).lower()):
+        # Another claim under the name: the UID is immutable (422), or the precondition fails (409).
+        if error.status == 404 or (error.status in (409, 422) and "uid" in str(error.body).lower()):
             raise ClaimGoneError(f"ResourceClaim {namespace}/{name} (uid {uid}) is gone") from None
         raise
