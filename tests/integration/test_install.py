@@ -193,7 +193,7 @@ def test_kustomization_builds_the_same_objects_as_install_yaml(cluster: LocalClu
 
 
 def test_the_overlay_without_extended_resource_drops_only_that_field(cluster: LocalCluster) -> None:
-    built = load_documents(cluster.kubectl("kustomize", str(MANIFESTS / "without-extended-resource")).stdout)
+    built = load_documents(cluster.kubectl("kustomize", str(ROOT / "overlays" / "without-extended-resource")).stdout)
     expected = load_documents(INSTALL.read_text())
     whole = [d for d in expected if d["kind"] == "DeviceClass" and d["metadata"]["name"] == "whole-gpu.tessera.dev"]
     assert [d["spec"].pop("extendedResourceName") for d in whole] == ["nvidia.com/gpu"]
@@ -419,8 +419,11 @@ async def test_an_agent_writes_device_status_only_on_claims_allocated_on_its_own
         with pytest.raises(ApiException) as refused:
             await apply_claim_device_status(api, namespace, theirs["metadata"]["name"], theirs["metadata"]["uid"],
                                             f"gpu.tessera.dev/{H100_NODE}", [other])
-        assert refused.value.status == 403
-        assert "resourceclaims/driver" in str(refused.value.body)
+        # The per-driver check runs with validation: a refused grant is a Forbidden field error (422).
+        assert refused.value.status == 422
+        message = json.loads(refused.value.body)["message"]
+        assert 'changing status.devices requires resource="resourceclaims/driver"' in message, message
+        assert "arbitrary-node:patch" in message, "another node's claim: only arbitrary-node would do"
 
         with pytest.raises(ClaimGoneError):  # the same name, another claim: never written
             await apply_claim_device_status(api, namespace, mine["metadata"]["name"], "00000000-0000-0000-0000-0",

@@ -15,7 +15,7 @@ driver's devices (an unknown attribute is an evaluation error that aborts alloca
 beta and on in 1.36): a Pod that asks ``resources.limits: {nvidia.com/gpu: N}`` and knows
 nothing of DRA gets N whole GPUs through a claim the scheduler makes, on nodes whose kubelet
 advertises no ``nvidia.com/gpu`` of a device plugin. ``device_classes(extended_resource=None)``
-leaves the field out (the install's ``manifests/without-extended-resource/`` overlay does
+leaves the field out (the install's ``overlays/without-extended-resource/`` kustomization does
 the same). ``high-memory-gpu`` leaves shares out: a share's ``memory`` capacity is the whole device's,
 not what a claim gets. ``manifests/deviceclasses.yaml`` is rendered from here
 (``python -m tessera.dra.deviceclasses > manifests/deviceclasses.yaml``); a test fails when

@@ -7,7 +7,8 @@ exactly the entries that manager applied before and leaves other drivers' entrie
 applying an empty list takes ours away. The claim's UID rides along as a precondition, so
 a claim deleted and made again under the same name is never written to.
 
-RBAC (1.36, DRAResourceClaimGranularStatusAuthorization): ``patch`` on
+A refused grant comes back as 422 Invalid (the check runs with validation), the message
+naming ``resourceclaims/driver``. RBAC (1.36, DRAResourceClaimGranularStatusAuthorization): ``patch`` on
 ``resourceclaims/status``, and ``associated-node:patch`` on the synthetic
 ``resourceclaims/driver`` with resourceName ``gpu.tessera.dev`` — granted to a service account
 whose token is bound to a Pod on the claim's node (the agent's own DaemonSet Pod).
@@ -16,6 +17,7 @@ Not for: deciding what the entries say (``tessera.agent.plugin.prepare``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +59,19 @@ async def apply_claim_device_status(
             **options,
         )
     except ApiException as error:
-        # Another claim under the name: the UID is immutable (422), or the precondition fails (409).
-        if error.status == 404 or (error.status in (409, 422) and "uid" in str(error.body).lower()):
+        if error.status == 404 or _uid_refused(error):
             raise ClaimGoneError(f"ResourceClaim {namespace}/{name} (uid {uid}) is gone") from None
         raise
+
+
+def _uid_refused(error: ApiException) -> bool:
+    """Another claim holds the name: its UID cannot change to ours (422 on ``metadata.uid``;
+    409 where a precondition catches it first). Other 422s (a refused grant is one) are not."""
+    try:
+        status = json.loads(error.body or "{}")
+    except (TypeError, ValueError):
+        return False
+    causes = (status.get("details") or {}).get("causes") or []
+    if error.status == 422:
+        return any(c.get("field") == "metadata.uid" for c in causes)
+    return error.status == 409 and "uid" in str(status.get("message", "")).lower()
