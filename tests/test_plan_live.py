@@ -90,3 +90,15 @@ def test_live_and_an_inventory_are_one_or_the_other(capsys: pytest.CaptureFixtur
         main(["plan", "--policy", str(POLICY), "--live", "--inventory", "inv.yaml"])
     assert exited.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_gpu_no_policy_selects_stays_as_it_is() -> None:
+    now = mig_gpu(0)  # made by hand: no policy
+    fleet = fleet_of([now])
+
+    (row,) = live_rows(fleet, [_policy("elsewhere", strategy="Exclusive",
+                                       nodeSelector={"matchLabels": {"pool": "other"}})]).rows
+
+    assert (row.policy_today, row.policy_new) == (None, None)
+    assert row.new == row.today == "MIG 3g.40gb@0 2g.20gb@4 1g.10gb@6"
+    assert (row.drains, row.changes) == ((), False)

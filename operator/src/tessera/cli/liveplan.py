@@ -61,11 +61,17 @@ def describe_status(gpu: GpuStatus) -> str:
     return _describe(gpu.strategy, [f"{i.profile}@{i.start}" for i in gpu.mig_instances], gpu)
 
 
-def describe_layout(layout: GpuLayout | None) -> str:
+def describe_layout(layout: GpuLayout) -> str:
     """A layout the operator would write."""
-    if layout is None:
-        return "(unchanged: no policy can plan it)"
     return _describe(layout.strategy, [f"{i.profile}@{i.start}" for i in layout.mig_instances], layout)
+
+
+def _new_text(gpu: GpuStatus, policy: str | None, target: GpuLayout | None, error: str | None) -> str:
+    if policy is None and error is None:
+        return describe_status(gpu)  # unmanaged: no policy selects it, it stays exactly as it is
+    if target is None:
+        return "(unchanged: it cannot be planned)"
+    return describe_layout(target)
 
 
 def _describe(strategy: Strategy, instances: list[str], layout: GpuLayout | GpuStatus) -> str:
@@ -120,7 +126,7 @@ def live_rows(fleet: Fleet, policies: Sequence[SharingPolicy]) -> LivePlan:
                 policy_today=before.policy if before is not None else gpu.policy,
                 policy_new=gpu_decision.policy,
                 today=describe_status(gpu),
-                new=describe_layout(gpu_decision.target),
+                new=_new_text(gpu, gpu_decision.policy, gpu_decision.target, gpu_decision.error),
                 drains=devices,
                 holders=held,
                 error=gpu_decision.error,
