@@ -261,6 +261,7 @@ async def test_a_drain_completes_while_an_admin_access_claim_looks_at_the_gpu(
     await wait_policy(cluster, "admin", "Ready", "True")
     assert len(monitor_results()) == 7, "the admin claim still exists, still allocated, and held nothing"
     delete_pod_now(cluster, namespace, "monitor")
+    cluster.kubectl("delete", "sharingpolicy", "admin", "--wait=false")  # later tests list every policy
 
 
 async def test_high_memory_device_class_selects_only_devices_above_40gi(
