@@ -25,6 +25,7 @@ def gpu(index: int = 0, strategy: Strategy = Strategy.EXCLUSIVE, model: str = "H
         "architecture": m.architecture,
         "driver_version": "580.65.06",
         "pci_bus_id": f"00000000:{0x18 + index:02X}:00.0",
+        "pcie_root": f"pci0000:{0x10 + (index // 2) * 0x20:02x}",
         "numa_node": 0,
         "mig_capable": m.mig_capable,
         "strategy": strategy,

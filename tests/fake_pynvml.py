@@ -30,7 +30,14 @@ from tessera.agent.backends.base import (
     NotSupportedError,
     ResetRequiredError,
 )
-from tessera.agent.backends.simulated import SIM_CUDA_VERSION, SIM_DRIVER_VERSION, SimGpu, SimState, SimulatedHardware
+from tessera.agent.backends.simulated import (
+    SIM_CUDA_VERSION,
+    SIM_DRIVER_VERSION,
+    SimGpu,
+    SimState,
+    SimulatedHardware,
+    board_slot,
+)
 from tessera.models.catalog import SHAPES
 
 _CODES: dict[type[BackendError], int] = {
@@ -182,7 +189,7 @@ class FakeNvml:
         return int(_ARCH[self._gpu(h.index).catalog.architecture])
 
     def nvmlDeviceGetPciInfo(self, h: Dev) -> _Obj:  # noqa: N802
-        return _Obj(busId=f"00000000:{0x18 + h.index * 0x10:02X}:00.0".encode())
+        return _Obj(busId=board_slot(h.index, len(self._state().gpus)).pci_bus_id.encode())
 
     def nvmlDeviceGetMinorNumber(self, h: Dev) -> int:  # noqa: N802
         # Not the index, so a test can tell the two apart (real drivers may differ too).

@@ -14,6 +14,7 @@ from typing import Any
 from tessera import DRIVER_NAME
 from tessera.agent.backends.base import GpuInfo
 from tessera.agent.backends.simulated import SimulatedBackend
+from tessera.agent.plugin.claims import ClaimStatusWriter
 from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
 from tessera.models.devices import dynamic_mig_device_name, gpu_device_name, mig_device_name
 
@@ -132,8 +133,10 @@ def short_tmp_dir() -> Iterator[Path]:
         yield Path(tmp)
 
 
-def preparer(backend: SimulatedBackend, reader: FakeClaimReader, dirs: PluginDirs) -> ClaimPreparer:
+def preparer(
+    backend: SimulatedBackend, reader: FakeClaimReader, dirs: PluginDirs, status_writer: ClaimStatusWriter | None = None
+) -> ClaimPreparer:
     settings = PreparerSettings(
         driver=DRIVER_NAME, node=NODE, cdi_dir=dirs.cdi, checkpoint_path=dirs.checkpoint, proc_root=dirs.proc
     )
-    return ClaimPreparer(backend, reader, settings)
+    return ClaimPreparer(backend, reader, settings, status_writer)

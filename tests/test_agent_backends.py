@@ -18,10 +18,12 @@ from tessera.agent.backends.base import (
     NotSupportedError,
 )
 from tessera.agent.backends.nvml import NvmlBackend
+from tessera.agent.backends.pci import root_complex_of, sysfs_bus_id
 from tessera.agent.backends.simulated import (
     STANDIN_MPS_CONTROL,
     SimulatedBackend,
     SimulatedHardware,
+    board_slot,
     parse_simulate_spec,
     simulated_gpu_uuid,
 )
@@ -258,3 +260,58 @@ def test_the_nvml_backend_reads_the_driver_minor_number_the_simulated_one_does_n
     hw, backend = make("nvml", tmp_path)
     assert [g.minor for g in backend.inventory().gpus] == [64 + g.index for g in backend.inventory().gpus]
     assert all(g.minor is None for g in SimulatedBackend(hw).inventory().gpus)
+
+
+def test_the_simulated_board_is_an_hgx_with_two_gpus_behind_each_of_four_roots() -> None:
+    gpus = SimulatedBackend.from_spec("hgx", "8xH100-80GB").inventory().gpus
+    roots = [g.pcie_root for g in gpus]
+    assert roots == ["pci0000:10"] * 2 + ["pci0000:30"] * 2 + ["pci0000:50"] * 2 + ["pci0000:70"] * 2
+    assert [g.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert len({g.pci_bus_id for g in gpus}) == 8
+    assert board_slot(8, 16).pcie_root == "pci0000:90", "a bigger board keeps two GPUs per root"
+    assert [g.numa_node for g in SimulatedBackend.from_spec("one", "1xH100-80GB").inventory().gpus] == [0]
+
+
+def _fake_sysfs(root: Path, gpus: list[tuple[str, str, int]]) -> Path:
+    """A /sys with the PCI links and NUMA files of ``(nvml bus id, root complex, numa)``."""
+    for bus_id, complex_, numa in gpus:
+        bdf = sysfs_bus_id(bus_id)
+        assert bdf is not None
+        bridge = f"{complex_[3:]}:00.0"  # e.g. 0000:10:00.0, the root port
+        device = root / "devices" / complex_ / bridge / bdf
+        device.mkdir(parents=True)
+        (device / "numa_node").write_text(f"{numa}\n")
+        link = root / "bus" / "pci" / "devices" / bdf
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(Path("../../..") / "devices" / complex_ / bridge / bdf)
+    return root
+
+
+def test_the_nvml_backend_reads_root_complex_and_numa_node_from_sysfs(tmp_path: Path) -> None:
+    hw = SimulatedHardware("hgx", parse_simulate_spec("8xH100-80GB"), tmp_path / "gpus.json")
+    simulated = SimulatedBackend(hw).inventory().gpus
+    sysfs = _fake_sysfs(tmp_path / "sys", [(g.pci_bus_id or "", g.pcie_root or "", g.numa_node or 0)
+                                           for g in simulated])
+    read = NvmlBackend(FakeNvml(hw), runner=RecordingRunner(), sysfs=str(sysfs)).inventory().gpus
+    assert [(g.pci_bus_id, g.pcie_root, g.numa_node) for g in read] == [
+        (g.pci_bus_id, g.pcie_root, g.numa_node) for g in simulated]
+
+    # No sysfs entry: nothing is guessed (the stand-in's NVML has no NUMA answer either).
+    blind = NvmlBackend(FakeNvml(hw), runner=RecordingRunner(), sysfs=str(tmp_path / "empty")).inventory().gpus
+    assert {(g.pcie_root, g.numa_node) for g in blind} == {(None, None)}
+
+
+@pytest.mark.parametrize(
+    ("nvml", "sysfs"),
+    [("00000000:3B:00.0", "0000:3b:00.0"), ("00000001:AB:01.1", "0001:ab:01.1"), ("0000:3b:00.0", "0000:3b:00.0"),
+     ("GPU-1234", None), ("", None)],
+)
+def test_nvml_bus_ids_map_to_sysfs_names(nvml: str, sysfs: str | None) -> None:
+    assert sysfs_bus_id(nvml) == sysfs
+
+
+def test_the_root_complex_is_the_first_folder_under_devices() -> None:
+    target = "../../../devices/pci0000:3a/0000:3a:00.0/0000:3b:00.0/0000:3c:00.0"
+    assert root_complex_of(target) == "pci0000:3a"
+    assert root_complex_of("/sys/devices/pci0001:80/0001:80:01.0/0001:81:00.0") == "pci0001:80"
+    assert root_complex_of("../../../devices/platform/foo") is None

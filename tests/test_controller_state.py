@@ -77,6 +77,19 @@ def test_claim_hold_skips_a_result_without_a_device() -> None:
     assert hold.devices == frozenset({(NODE, "gpu-0")})
 
 
+def test_an_admin_access_result_holds_nothing() -> None:
+    body = claim_body("monitor", ["gpu-0", "gpu-1"], pods=["dcgm"])
+    body["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+
+    hold = claim_hold(body)
+
+    assert hold is not None
+    assert hold.devices == frozenset({(NODE, "gpu-1")}), "only the result without admin access holds its device"
+    for result in body["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = True
+    assert claim_hold(body) is None
+
+
 # -- set_claim / remove_claim ---------------------------------------------------------------
 
 

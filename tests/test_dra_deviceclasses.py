@@ -50,3 +50,20 @@ def test_manifest_matches_the_code() -> None:
         "`.venv/bin/python -m tessera.dra.deviceclasses > manifests/deviceclasses.yaml`"
     )
     assert list(yaml.safe_load_all(MANIFEST.read_text())) == device_classes()
+
+
+def test_whole_gpu_class_alone_serves_the_nvidia_gpu_extended_resource() -> None:
+    serving = {c["metadata"]["name"]: c["spec"].get("extendedResourceName") for c in device_classes()}
+    assert serving == {
+        "gpu.tessera.dev": None,
+        "high-memory-gpu": None,
+        "mig.tessera.dev": None,
+        "shared-gpu.tessera.dev": None,
+        "whole-gpu.tessera.dev": "nvidia.com/gpu",
+    }
+
+
+def test_the_extended_resource_can_be_left_out() -> None:
+    classes = device_classes(extended_resource=None)
+    assert all("extendedResourceName" not in c["spec"] for c in classes)
+    assert [c["metadata"]["name"] for c in classes] == [c["metadata"]["name"] for c in device_classes()]

@@ -54,11 +54,19 @@ def test_exclusive_gpu_is_one_whole_device_with_its_real_memory_in_bytes() -> No
     assert attr(device, "strategy") == "Exclusive"
     assert attr(device, "cudaComputeCapability") == "9.0.0"
     assert attr(device, "driverVersion") == "580.65.6"
-    assert attr(device, "resource.kubernetes.io/pcieRoot") == "pci0000:00"
+    assert attr(device, "resource.kubernetes.io/pcieRoot") == "pci0000:30"
     assert cap(device, "memory") == 81559 * MIB
     assert "requestPolicy" not in device["capacity"]["memory"]
     assert "allowMultipleAllocations" not in device
     assert "taints" not in device
+
+
+def test_a_gpu_whose_root_complex_is_unknown_publishes_no_pcie_root() -> None:
+    # The bus id alone does not say which root complex a GPU hangs off: guessing would put
+    # every GPU of PCI domain 0 behind one root and make matchAttribute on it meaningless.
+    (device,) = build_gpu_devices(gpu(0, pci_bus_id="00000000:3B:00.0", pcie_root=None)).devices
+    assert "resource.kubernetes.io/pcieRoot" not in device["attributes"]
+    assert attr(device, "numaNode") == 0
 
 
 def test_static_mig_publishes_one_device_per_existing_instance() -> None:

@@ -272,6 +272,8 @@ AGENT_RESOURCES = {
         ("agent/plugin/claims.py", "read_namespaced_resource_claim("),
         ("kube/claims.py", "list_resource_claim_for_all_namespaces("),
     ],
+    ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", "patch_namespaced_custom_object_status(")],
+    ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", "apply-patch")],
 }
 
 
@@ -316,6 +318,10 @@ def test_agent_cannot_write_specs_slices_or_other_objects() -> None:
     assert agent[("tessera.dev", "nodelayouts")] == {"get", "list", "watch", "create"}, no_update
     assert agent[("tessera.dev", "nodelayouts/status")] == {"update"}
     assert agent[("resource.k8s.io", "resourceclaims")] == {"get", "list"}, "read claims, never write them"
+    assert agent[("resource.k8s.io", "resourceclaims/status")] == {"patch"}
+    assert agent[("resource.k8s.io", "resourceclaims/driver")] == {"associated-node:patch"}
+    (driver_rule,) = [r for r in rules("ClusterRole", "tessera-agent") if "resourceclaims/driver" in r["resources"]]
+    assert driver_rule["resourceNames"] == [tessera.DRIVER_NAME], "its own driver's entries, nobody else's"
     operator = operator_grants()
     assert "nodelayouts/status" not in {r for _, r in operator}, "status is the agent's"
     assert operator[("", "events")] == {"create"}

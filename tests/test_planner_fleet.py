@@ -13,7 +13,8 @@ from tessera.models.policy import SharingPolicy, Strategy
 from tessera.planner import GpuSelectorError, NodeInventory, PlanErrorReason, compile_gpu_selector, plan_fleet
 from tessera.planner.inventory import InventoryError, catalog_gpu, gpu_uuid, parse_inventory
 
-H100 = catalog_gpu("n", 0, "H100-80GB", driver_version="580.65.06", pci_bus_id="00000000:3B:00.0")
+H100 = catalog_gpu("n", 0, "H100-80GB", driver_version="580.65.06", pci_bus_id="00000000:3B:00.0",
+                   pcie_root="pci0000:3a")
 A100 = catalog_gpu("n", 1, "A100-40GB")
 L4 = GpuStatus(uuid="GPU-l4", index=2, product_name="NVIDIA L4", memory_mib=23034)
 
@@ -45,7 +46,7 @@ def _cel(expr: str) -> dict[str, str]:
         ('has(device.attributes["gpu.tessera.dev"].driverVersion)', True, False),
         (
             'has(device.attributes["resource.kubernetes.io"].pcieRoot) && '
-            'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:00"',
+            'device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:3a"',
             True,
             False,
         ),

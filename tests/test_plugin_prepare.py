@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tessera.agent.backends.simulated import SimulatedBackend
+from tessera.agent.backends.simulated import SIM_DRIVER_VERSION, SimulatedBackend
 from tessera.agent.plugin.cdi import spec_file_name
 from tessera.agent.plugin.checkpoint import (
     CheckpointData,
@@ -155,6 +157,54 @@ async def test_mps_share_gets_the_pipe_folder_and_the_limits_it_was_allocated(
         "options": ["rw", "nosuid", "nodev", "bind"],
     }]
     assert prepared.devices[0].share_id == "share-1"
+
+
+def admin(body: dict[str, Any]) -> dict[str, Any]:
+    for r in body["status"]["allocation"]["devices"]["results"]:
+        r["adminAccess"] = True
+    return body
+
+
+async def test_an_admin_access_claim_sees_its_devices_without_holding_them_or_mps_limits(
+    plugin: ClaimPreparer, reader: FakeClaimReader, backend: SimulatedBackend, dirs: PluginDirs
+) -> None:
+    gpu1, gpu0 = gpu(backend, 1), gpu(backend, 0)
+    static = next(i for i in gpu0.instances if (i.profile, i.start) == ("3g.40gb", 0))
+    body = admin(claim("monitor", result(MPS, "mps"), result(STATIC, "mig")))
+    reader.add(body)
+
+    prepared = await plugin.prepare(ref(body))
+
+    spec = spec_of(dirs, body)
+    at = {d["name"].rsplit("-gpu-", 1)[1]: i for i, d in enumerate(spec["devices"])}
+    mps_at, mig_at = at["1"], at["0-mig-3g-40gb-0"]
+    assert env_of(spec, mps_at) == {"NVIDIA_VISIBLE_DEVICES": gpu1.uuid, "CUDA_VISIBLE_DEVICES": gpu1.uuid}, (
+        "the MPS GPU is visible, with no MPS pipe and no limits"
+    )
+    assert "mounts" not in spec["devices"][mps_at]["containerEdits"]
+    assert env_of(spec, mig_at)["NVIDIA_VISIBLE_DEVICES"] == static.uuid
+    assert holders(backend, gpu1.uuid) == []
+    assert holders(backend, static.uuid or "") == [], "a repartition never waits for a monitoring claim"
+    assert plugin.in_use_device_uuids() == frozenset()
+    assert [d.admin_access for d in prepared.devices] == [True, True]
+
+    # Across a restart too: the checkpoint remembers the devices are not held.
+    again = preparer(backend, reader, dirs)
+    await again.restore()
+    assert holders(backend, static.uuid or "") == []
+    await again.unprepare(ref(body))
+    assert not (dirs.cdi / spec_file_name(body["metadata"]["uid"])).exists()
+
+
+async def test_admin_access_to_a_dynamic_mig_placement_is_refused_and_makes_nothing(
+    plugin: ClaimPreparer, reader: FakeClaimReader, backend: SimulatedBackend
+) -> None:
+    body = admin(claim("monitor-dyn", result(dynamic("1g.10gb", 0))))
+    reader.add(body)
+
+    with pytest.raises(ClaimError, match="admin access to a DynamicMIG placement"):
+        await plugin.prepare(ref(body))
+    assert gpu(backend, 2).instances == ()
 
 
 async def test_an_mps_share_of_a_mig_instance_uses_that_instances_mps_server(
@@ -513,3 +563,70 @@ async def test_a_corrupt_checkpoint_is_set_aside_and_rebuilt_from_the_cdi_specs(
     assert load_checkpoint(dirs.checkpoint) is not None, "a good checkpoint is written again"
     await rebuilt.unprepare(ref(dyn))
     assert gpu(backend, 2).instances == (), "the dynamic instance is still found and destroyed"
+
+
+# --- claim device status (DRAResourceClaimDeviceStatus) ------------------------------------------
+
+
+@dataclass
+class RecordingStatusWriter:
+    """Records what the preparer would write to each claim's status.devices; can fail."""
+
+    writes: list[tuple[str, list[dict[str, Any]]]] = field(default_factory=list)
+    fail: bool = False
+
+    async def write_device_status(self, claim_ref: ClaimRef, devices: Sequence[dict[str, Any]]) -> None:
+        if self.fail:
+            raise RuntimeError("HTTP 500 from the API server")
+        self.writes.append((claim_ref.uid, list(devices)))
+
+
+async def test_prepare_writes_ready_device_status_with_uuid_profile_limits_and_driver_version(
+    backend: SimulatedBackend, reader: FakeClaimReader, dirs: PluginDirs
+) -> None:
+    writer = RecordingStatusWriter()
+    plugin = preparer(backend, reader, dirs, writer)
+    await plugin.restore()
+    mps = claim("mps", result(MPS, share_id="share-1", consumed={"memory": "10Gi", "compute": "25"}))
+    mig = claim("mig", result(STATIC))
+    reader.add(mps, mig)
+
+    await plugin.prepare(ref(mps))
+    await plugin.prepare(ref(mig))
+    await plugin.prepare(ref(mig))  # already prepared: nothing new to say
+
+    (mps_uid, (mps_entry,)), (mig_uid, (mig_entry,)) = writer.writes
+    assert (mps_uid, mig_uid) == (mps["metadata"]["uid"], mig["metadata"]["uid"])
+    gpu1 = gpu(backend, 1)
+    assert {k: mps_entry[k] for k in ("driver", "pool", "device", "shareID")} == {
+        "driver": "gpu.tessera.dev", "pool": NODE, "device": MPS, "shareID": "share-1"}
+    (ready,) = mps_entry["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
+    assert datetime.strptime(ready["lastTransitionTime"], "%Y-%m-%dT%H:%M:%SZ")
+    assert mps_entry["data"] == {
+        "uuid": gpu1.uuid, "gpuUUID": gpu1.uuid, "driverVersion": SIM_DRIVER_VERSION,
+        "mps": {"activeThreadPercentage": 25, "pinnedDeviceMemoryMiB": 10240},
+    }
+    instance = next(i for i in gpu(backend, 0).instances if (i.profile, i.start) == ("3g.40gb", 0))
+    assert mig_entry["data"] == {"uuid": instance.uuid, "gpuUUID": gpu(backend, 0).uuid, "migProfile": "3g.40gb",
+                                 "driverVersion": SIM_DRIVER_VERSION}
+    assert "shareID" not in mig_entry
+
+    await plugin.unprepare(ref(mig))
+    assert writer.writes[-1] == (mig["metadata"]["uid"], []), "unprepare clears the entries"
+
+
+async def test_a_failed_status_write_does_not_fail_the_prepare(
+    backend: SimulatedBackend, reader: FakeClaimReader, dirs: PluginDirs
+) -> None:
+    plugin = preparer(backend, reader, dirs, RecordingStatusWriter(fail=True))
+    await plugin.restore()
+    body = claim("whole", result(WHOLE))
+    reader.add(body)
+
+    prepared = await plugin.prepare(ref(body))
+
+    assert prepared.state is ClaimState.PREPARED
+    assert spec_of(dirs, body)["devices"]
+    await plugin.unprepare(ref(body))
+    assert not (dirs.cdi / spec_file_name(body["metadata"]["uid"])).exists()

@@ -22,8 +22,11 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from tessera import INSTALL_NAMESPACE
+from tessera.kube.claimstatus import ClaimGoneError, apply_claim_device_status
+from tessera.kube.client import make_api_client
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
@@ -189,6 +192,18 @@ def test_kustomization_builds_the_same_objects_as_install_yaml(cluster: LocalClu
     assert sorted(built, key=key) == sorted(load_documents(INSTALL.read_text()), key=key)
 
 
+def test_the_overlay_without_extended_resource_drops_only_that_field(cluster: LocalCluster) -> None:
+    built = load_documents(cluster.kubectl("kustomize", str(ROOT / "overlays" / "without-extended-resource")).stdout)
+    expected = load_documents(INSTALL.read_text())
+    whole = [d for d in expected if d["kind"] == "DeviceClass" and d["metadata"]["name"] == "whole-gpu.tessera.dev"]
+    assert [d["spec"].pop("extendedResourceName") for d in whole] == ["nvidia.com/gpu"]
+
+    def key(doc: dict[str, Any]) -> tuple[str, str, str]:
+        return doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"]
+
+    assert sorted(built, key=key) == sorted(expected, key=key)
+
+
 def test_sample_policies_and_workloads_pass_admission(cluster: LocalCluster, namespace: str) -> None:
     cluster.kubectl("apply", "--dry-run=server", "-f", str(SAMPLES / "sharingpolicies.yaml"))
     for sample in ("inference-mig-3g.yaml", "inference-shared-10gi.yaml"):
@@ -242,6 +257,14 @@ RBAC_MATRIX = [
     (AGENT_SA, "list", "resourceclaims.resource.k8s.io", ["--all-namespaces"], True),
     (AGENT_SA, "watch", "resourceclaims.resource.k8s.io", ["--all-namespaces"], False),
     (AGENT_SA, "update", "resourceclaims.resource.k8s.io", ["--subresource=status", "-n", "team-a"], False),
+    (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["--subresource=status", "-n", "team-a"], True),
+    (AGENT_SA, "associated-node:patch", "resourceclaims.resource.k8s.io/gpu.tessera.dev",
+     ["--subresource=driver", "-n", "team-a"], True),
+    (AGENT_SA, "arbitrary-node:patch", "resourceclaims.resource.k8s.io/gpu.tessera.dev",
+     ["--subresource=driver", "-n", "team-a"], False),
+    (AGENT_SA, "associated-node:patch", "resourceclaims.resource.k8s.io/gpu.nvidia.com",
+     ["--subresource=driver", "-n", "team-a"], False),
+    (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["--subresource=binding", "-n", "team-a"], False),
     (AGENT_SA, "list", "sharingpolicies.tessera.dev", [], False),
     (AGENT_SA, "create", "pods", ["-n", INSTALL_NAMESPACE], False),
     (AGENT_SA, "get", "secrets", ["-n", INSTALL_NAMESPACE], False),
@@ -353,3 +376,61 @@ async def test_admission_lets_an_agent_create_only_its_own_empty_nodelayout(
     own = spare.kubectl("create", "-f", "-", input=layout(SPARE_NODE, []))
     assert own.returncode == 0, own.stderr
     cluster.kubectl("delete", LAYOUTS, SPARE_NODE)
+
+
+# -- claim device status -----------------------------------------------------------------
+
+
+def _claim_allocated_on(cluster: LocalCluster, namespace: str, node: str) -> dict[str, Any]:
+    """A claim whose allocation (written as the scheduler would) names a device of ``node``."""
+    name = f"on-{node}"
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "whole-gpu.tessera.dev"}}]}},
+    }))
+    claim = get(cluster, "resourceclaim", name, "-n", namespace)
+    claim["status"] = {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.tessera.dev", "pool": node, "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+    }}
+    cluster.kubectl("replace", "--subresource=status", "-f", "-", input=json.dumps(claim))
+    return get(cluster, "resourceclaim", name, "-n", namespace)
+
+
+async def test_an_agent_writes_device_status_only_on_claims_allocated_on_its_own_node(
+    cluster: LocalCluster, install: Install, namespace: str
+) -> None:
+    mine = _claim_allocated_on(cluster, namespace, H100_NODE)
+    theirs = _claim_allocated_on(cluster, namespace, H200_NODE)
+    entry = {"driver": "gpu.tessera.dev", "pool": H100_NODE, "device": "gpu-0",
+             "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": "",
+                             "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+             "data": {"uuid": "GPU-0"}}
+    api = await make_api_client(str(install.agent_identities[H100_NODE].kubeconfig))
+    async with api:
+        await apply_claim_device_status(api, namespace, mine["metadata"]["name"], mine["metadata"]["uid"],
+                                        f"gpu.tessera.dev/{H100_NODE}", [entry])
+        written = get(cluster, "resourceclaim", mine["metadata"]["name"], "-n", namespace)["status"]
+        assert [(d["device"], d["data"]) for d in written["devices"]] == [("gpu-0", {"uuid": "GPU-0"})]
+        assert written["allocation"] == mine["status"]["allocation"], "the allocation is untouched"
+
+        other = {**entry, "pool": H200_NODE}
+        with pytest.raises(ApiException) as refused:
+            await apply_claim_device_status(api, namespace, theirs["metadata"]["name"], theirs["metadata"]["uid"],
+                                            f"gpu.tessera.dev/{H100_NODE}", [other])
+        # The per-driver check runs with validation: a refused grant is a Forbidden field error (422).
+        assert refused.value.status == 422
+        message = json.loads(refused.value.body)["message"]
+        assert 'changing status.devices requires resource="resourceclaims/driver"' in message, message
+        assert "arbitrary-node:patch" in message, "another node's claim: only arbitrary-node would do"
+
+        with pytest.raises(ClaimGoneError):  # the same name, another claim: never written
+            await apply_claim_device_status(api, namespace, mine["metadata"]["name"], "00000000-0000-0000-0000-0",
+                                            f"gpu.tessera.dev/{H100_NODE}", [])
+        await apply_claim_device_status(api, namespace, mine["metadata"]["name"], mine["metadata"]["uid"],
+                                        f"gpu.tessera.dev/{H100_NODE}", [])
+    cleared = get(cluster, "resourceclaim", mine["metadata"]["name"], "-n", namespace)["status"]
+    assert cleared.get("devices", []) == []
+    assert cleared["allocation"] == mine["status"]["allocation"]

@@ -23,12 +23,14 @@ from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin import KubeClaimReader, KubeletPlugin, PluginConfig
 from tessera.agent.plugin.cdi import spec_file_name
 from tessera.agent.plugin.checkpoint import load_checkpoint
+from tessera.agent.plugin.claims import KubeClaimStatusWriter
 from tessera.agent.plugin.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+from tessera.agent.plugin.server import status_field_manager
 from tessera.agent.status import gpu_status
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.slices import NodeRef, build_node_slices
@@ -137,6 +139,16 @@ def _config(dirs: PluginDirs) -> PluginConfig:
                         proc_root=dirs.proc)
 
 
+def _writer(dirs: PluginDirs, api: k8s.ApiClient) -> KubeClaimStatusWriter:
+    return KubeClaimStatusWriter(api, status_field_manager(_config(dirs)))
+
+
+def _device_status(cluster: LocalCluster, claim: dict[str, Any]) -> list[dict[str, Any]]:
+    meta = claim["metadata"]
+    now = get(cluster, "resourceclaim", meta["name"], "-n", meta["namespace"])
+    return list(now.get("status", {}).get("devices") or [])
+
+
 async def _register_like_the_kubelet(dirs: PluginDirs) -> str:
     """What the kubelet's plugin watcher does with a new socket in plugins_registry."""
     (socket,) = list(dirs.registry.glob("*-reg.sock"))
@@ -150,7 +162,8 @@ async def _register_like_the_kubelet(dirs: PluginDirs) -> str:
 
 
 async def test_kubelet_prepares_and_unprepares_scheduled_claims_across_a_restart(
-    scheduled: dict[str, dict[str, Any]], backend: SimulatedBackend, dirs: PluginDirs, api: k8s.ApiClient
+    scheduled: dict[str, dict[str, Any]], backend: SimulatedBackend, dirs: PluginDirs, api: k8s.ApiClient,
+    cluster: LocalCluster,
 ) -> None:
     good = [scheduled[p] for p in ("static-3g", "dynamic-2g", "mps-share", "whole")]
     uid = {name: claim["metadata"]["uid"] for name, claim in scheduled.items()}
@@ -162,7 +175,7 @@ async def test_kubelet_prepares_and_unprepares_scheduled_claims_across_a_restart
                                 uid="00000000-1111-2222-3333-444444444444")
     missing = dra_v1_pb2.Claim(namespace=good[0]["metadata"]["namespace"], name="no-such-claim", uid="gone")
 
-    plugin = KubeletPlugin(_config(dirs), backend, KubeClaimReader(api))
+    plugin = KubeletPlugin(_config(dirs), backend, KubeClaimReader(api), status_writer=_writer(dirs, api))
     async with plugin:
         endpoint = await _register_like_the_kubelet(dirs)
         assert plugin.registration.registered
@@ -209,8 +222,24 @@ async def test_kubelet_prepares_and_unprepares_scheduled_claims_across_a_restart
     in_use = {static.uuid, made[0].uuid, gpus[1].uuid, gpus[3].uuid}
     assert plugin.in_use_device_uuids() == in_use
 
+    # Each prepared claim says, in its status, what its containers got.
+    status = {name: _device_status(cluster, c) for name, c in zip(
+        ("static-3g", "dynamic-2g", "mps-share", "whole"), good, strict=True)}
+    for name, (entry,) in status.items():
+        assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, NODE, results[name]["device"]), name
+        assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")], name
+        assert entry["data"]["driverVersion"] == backend.inventory().driver_version
+    assert status["static-3g"][0]["data"]["uuid"] == static.uuid
+    assert status["static-3g"][0]["data"]["migProfile"] == "3g.40gb"
+    assert status["dynamic-2g"][0]["data"]["uuid"] == made[0].uuid
+    assert status["whole"][0]["data"] == {"uuid": gpus[3].uuid, "gpuUUID": gpus[3].uuid,
+                                          "driverVersion": backend.inventory().driver_version}
+    assert status["mps-share"][0]["shareID"] == results["mps-share"]["shareID"]
+    assert status["mps-share"][0]["data"]["mps"] == {"activeThreadPercentage": 25, "pinnedDeviceMemoryMiB": 8192}
+    assert _device_status(cluster, scheduled["unallocated"]) == [], "no status for a claim that was not prepared"
+
     # The agent restarts: the new plugin knows what was prepared and answers the same.
-    restarted = KubeletPlugin(_config(dirs), backend, KubeClaimReader(api))
+    restarted = KubeletPlugin(_config(dirs), backend, KubeClaimReader(api), status_writer=_writer(dirs, api))
     async with restarted:
         assert restarted.in_use_device_uuids() == in_use
         endpoint = await _register_like_the_kubelet(dirs)
@@ -228,6 +257,7 @@ async def test_kubelet_prepares_and_unprepares_scheduled_claims_across_a_restart
             assert {u: r.error for u, r in unprepared.claims.items()} == dict.fromkeys([*(uid[n] for n in (
                 "static-3g", "dynamic-2g", "mps-share", "whole")), "gone"], "")
 
+    assert all(_device_status(cluster, c) == [] for c in good), "unprepare takes the status away"
     assert backend.inventory().gpus[2].instances == (), "the dynamic instance is destroyed"
     assert not any(g.in_use for g in backend.inventory().gpus), "every hold is released"
     assert list(dirs.cdi.glob("*.json")) == []

@@ -208,6 +208,62 @@ async def test_a_policy_change_drains_an_allocated_partition_before_replacing_it
     await wait_policy(cluster, "drain", "Ready", "True")
 
 
+async def test_a_drain_completes_while_an_admin_access_claim_looks_at_the_gpu(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    cluster.kubectl("label", "namespace", namespace, "resource.kubernetes.io/admin-access=true")
+    gpu_node(cluster, tessera, "admin-a", "admin", "1xH100-80GB")
+    apply(cluster, policy("admin", "admin", {"strategy": "MIG", "mig": {"preset": "all-1g"}}))
+    await wait_devices(cluster, "admin-a", lambda d: mig_profiles(d) == ["1g.10gb"] * 7, "seven 1g partitions")
+    monitor_claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "monitor", "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "mig.tessera.dev", "allocationMode": "All", "adminAccess": True}}]}},
+    }
+    monitor_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "monitor", "namespace": namespace},
+        "spec": {"nodeSelector": on_node("admin-a"),
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "monitor"}],
+                 "containers": [{"name": "dcgm", "image": "registry.invalid/none:0",
+                                 "resources": {"claims": [{"name": "gpu"}]}}]},
+    }
+    apply(cluster, monitor_claim, monitor_pod, claim_template("one-g", namespace, "mig.tessera.dev"),
+          pod_with_claim("worker", namespace, "one-g", on_node("admin-a")))
+
+    def monitor_results() -> list[dict[str, Any]]:
+        claim = get(cluster, "resourceclaim", "monitor", "-n", namespace)
+        return list(((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", []))
+
+    watched = await wait_for(monitor_results, timeout=60, message="the admin claim to be allocated")
+    assert len(watched) == 7, "admin access sees every partition"
+    assert all(r.get("adminAccess") is True for r in watched)
+    worker = (await wait_for(lambda: allocated_devices(cluster, namespace, "worker"), timeout=60,
+                             message="the worker's claim"))[0]["device"]
+    assert worker in {r["device"] for r in watched}, "the admin claim looks at the worker's partition too"
+
+    apply(cluster, policy("admin", "admin", {"strategy": "MIG", "mig": {"preset": "whole"}}))
+
+    def draining() -> dict[str, Any] | None:
+        c = condition(get(cluster, "sharingpolicy", "admin"), "Progressing")
+        return c if c is not None and c["status"] == "True" and c["reason"] == "Draining" else None
+
+    progressing = await wait_for(draining, timeout=60, message="the policy to wait for the worker")
+    assert "1 claim on admin-a GPU 0" in progressing["message"], "the worker's claim, not the admin claim"
+
+    delete_pod_now(cluster, namespace, "worker")
+    await wait_devices(
+        cluster, "admin-a", lambda d: mig_profiles(d) == ["7g.80gb"], "the new layout, admin claim or not", timeout=90
+    )
+    await wait_policy(cluster, "admin", "Ready", "True")
+    assert len(monitor_results()) == 7, "the admin claim still exists, still allocated, and held nothing"
+    delete_pod_now(cluster, namespace, "monitor")
+    cluster.kubectl("delete", "sharingpolicy", "admin", "--wait=false")  # later tests list every policy
+
+
 async def test_high_memory_device_class_selects_only_devices_above_40gi(
     cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
 ) -> None:

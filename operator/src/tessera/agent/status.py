@@ -133,6 +133,7 @@ def gpu_status(
         driver_version=driver_version,
         cuda_version=cuda_version,
         pci_bus_id=gpu.pci_bus_id,
+        pcie_root=gpu.pcie_root,
         numa_node=gpu.numa_node,
         mig_capable=gpu.mig_capable,
         mig_mode_current=gpu.mig_mode_current,

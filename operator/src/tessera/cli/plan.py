@@ -1,18 +1,23 @@
 """``tessera plan``: preview what SharingPolicies would do to a fleet, before applying them.
 
     tessera plan --policy examples/policies/h100-inference.yaml --inventory examples/inventory.yaml
+    tessera plan --policy my-new-policy.yaml --live [--kubeconfig FILE]
 
 Prints one row per node and GPU (the winning policy, the strategy, the MIG layout or the
 reason there is none), then the conflicts. The inventory format is described in
 ``tessera.planner.inventory``. Exit status: 0 when every GPU could be planned, 1 when some
 GPU could not (the table says why), 2 when a policy (its schema or its gpuSelector) or the
 inventory file is invalid.
-Not for: talking to a cluster; this reads files only.
+
+``--live`` reads the cluster instead of an inventory and shows, per GPU, today's layout, the
+new one, the devices that would drain and the claims holding them (``tessera.cli.liveplan``).
+Not for: writing anything to a cluster.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,13 +44,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="a YAML file with one or more SharingPolicies (repeat for more files)",
     )
-    parser.add_argument(
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--inventory",
         "-i",
         metavar="FILE",
         type=Path,
-        required=True,
         help="a YAML file describing nodes and GPUs (see examples/inventory.yaml)",
+    )
+    source.add_argument(
+        "--live",
+        action="store_true",
+        help="plan against the cluster as it is: its NodeLayouts, policies and claim allocations",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        type=Path,
+        help="with --live: the cluster (default: $KUBECONFIG, else in-cluster)",
     )
 
 
@@ -155,7 +171,32 @@ def render_table(plan: FleetPlan) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def run_live(policies: list[SharingPolicy], kubeconfig: Path | None) -> int:
+    from tessera.cli.liveplan import live_rows, read_fleet, render_live  # the cluster client only when asked
+
+    try:
+        fleet = asyncio.run(read_fleet(kubeconfig))
+    except Exception as exc:  # any failure to reach or read the cluster: said plainly, exit 2
+        print(f"tessera plan --live: cannot read the cluster: {type(exc).__name__}: {str(exc)[:300]}",
+              file=sys.stderr)
+        return 2
+    plan = live_rows(fleet, policies)
+    print(render_live(plan))
+    failed = [r for r in plan.rows if r.error]
+    if failed:
+        print(f"\n{len(failed)} of {len(plan.rows)} GPU(s) cannot be planned", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.live:
+        try:
+            live_policies = load_policies(list(args.policy))
+        except InputError as exc:
+            print(f"tessera plan: {exc}", file=sys.stderr)
+            return 2
+        return run_live(live_policies, args.kubeconfig)
     try:
         policies = load_policies(list(args.policy))
         try:

@@ -39,12 +39,17 @@ class ClaimHold:
 
 
 def claim_hold(body: Mapping[str, Any]) -> ClaimHold | None:
-    """Our driver's devices a ResourceClaim holds (its allocation), or None if it holds none."""
+    """Our driver's devices a ResourceClaim holds (its allocation), or None if it holds none.
+
+    An admin-access result (``adminAccess: true``: a monitoring agent looking at a device
+    that others may use) holds nothing: it never keeps a GPU from being drained."""
     meta = body.get("metadata", {})
     status = body.get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     devices = frozenset(
-        (str(r["pool"]), str(r["device"])) for r in results if r.get("driver") == DRIVER_NAME and "device" in r
+        (str(r["pool"]), str(r["device"]))
+        for r in results
+        if r.get("driver") == DRIVER_NAME and "device" in r and r.get("adminAccess") is not True
     )
     if not devices:
         return None

@@ -3,14 +3,20 @@
 | class                    | selects                                                       |
 | ------------------------ | ------------------------------------------------------------- |
 | ``gpu.tessera.dev``      | any Tessera device                                            |
-| ``whole-gpu.tessera.dev``| a whole GPU, exclusively (``type == "gpu"``)                  |
+| ``whole-gpu.tessera.dev``| a whole GPU, exclusively (``type == "gpu"``); also serves     |
+|                          | Pods that ask for ``nvidia.com/gpu`` (extended resource)      |
 | ``mig.tessera.dev``      | a MIG partition, static or dynamic, exclusively (``"mig"``)   |
 | ``shared-gpu.tessera.dev``| a share: a GPU or MIG instance under TimeSlicing or MPS      |
 | ``high-memory-gpu``      | a whole GPU or partition with more than 40Gi of real memory   |
 
 Every selector tests ``device.driver`` first, so it never reads the attributes of another
 driver's devices (an unknown attribute is an evaluation error that aborts allocation).
-``high-memory-gpu`` leaves shares out: a share's ``memory`` capacity is the whole device's,
+``whole-gpu.tessera.dev`` carries ``extendedResourceName: nvidia.com/gpu`` (DRAExtendedResource,
+beta and on in 1.36): a Pod that asks ``resources.limits: {nvidia.com/gpu: N}`` and knows
+nothing of DRA gets N whole GPUs through a claim the scheduler makes, on nodes whose kubelet
+advertises no ``nvidia.com/gpu`` of a device plugin. ``device_classes(extended_resource=None)``
+leaves the field out (the install's ``overlays/without-extended-resource/`` kustomization does
+the same). ``high-memory-gpu`` leaves shares out: a share's ``memory`` capacity is the whole device's,
 not what a claim gets. ``manifests/deviceclasses.yaml`` is rendered from here
 (``python -m tessera.dra.deviceclasses > manifests/deviceclasses.yaml``); a test fails when
 the two drift.
@@ -27,6 +33,8 @@ from tessera.dra.devices import DRIVER, MEMORY, TYPE_GPU, TYPE_MIG, TYPE_SHARE
 
 API_VERSION = "resource.k8s.io/v1"
 HIGH_MEMORY_THRESHOLD = "40Gi"
+WHOLE_GPU_CLASS = "whole-gpu.tessera.dev"
+EXTENDED_RESOURCE_NAME = "nvidia.com/gpu"  # what device-plugin era Pods ask for
 
 _IS_OURS = f'device.driver == "{DRIVER}"'
 
@@ -38,24 +46,28 @@ def _type_is(*types: str) -> str:
     return f'device.attributes["{DRIVER}"].type in [{listed}]'
 
 
-def _device_class(name: str, cel: str) -> dict[str, Any]:
+def _device_class(name: str, cel: str, extended_resource: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selectors": [{"cel": {"expression": cel}}]}
+    if extended_resource:
+        spec["extendedResourceName"] = extended_resource
     return {
         "apiVersion": API_VERSION,
         "kind": "DeviceClass",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "tessera"}},
-        "spec": {"selectors": [{"cel": {"expression": cel}}]},
+        "spec": spec,
     }
 
 
-def device_classes() -> list[dict[str, Any]]:
-    """Every DeviceClass, sorted by name."""
+def device_classes(extended_resource: str | None = EXTENDED_RESOURCE_NAME) -> list[dict[str, Any]]:
+    """Every DeviceClass, sorted by name; ``whole-gpu.tessera.dev`` serves ``extended_resource``
+    (None: no extended resource)."""
     high_memory = (
         f"{_IS_OURS} && {_type_is(TYPE_GPU, TYPE_MIG)} && "
         f'device.capacity["{DRIVER}"].{MEMORY}.compareTo(quantity("{HIGH_MEMORY_THRESHOLD}")) > 0'
     )
     classes = [
         _device_class(DRIVER, _IS_OURS),
-        _device_class("whole-gpu.tessera.dev", f"{_IS_OURS} && {_type_is(TYPE_GPU)}"),
+        _device_class(WHOLE_GPU_CLASS, f"{_IS_OURS} && {_type_is(TYPE_GPU)}", extended_resource),
         _device_class("mig.tessera.dev", f"{_IS_OURS} && {_type_is(TYPE_MIG)}"),
         _device_class("shared-gpu.tessera.dev", f"{_IS_OURS} && {_type_is(TYPE_SHARE)}"),
         _device_class("high-memory-gpu", high_memory),

@@ -30,21 +30,6 @@ def semver(text: str) -> str | None:
     return ".".join(str(n) for n in numbers)
 
 
-@cache  # pure: the planner asks for every GPU on every plan
-def pcie_root(pci_bus_id: str | None) -> str | None:
-    """The PCIe root complex of a bus id such as ``00000000:3B:00.0`` → ``pci0000:00``.
-
-    Without the sysfs topology the domain and the root bus are what can be told; the agent
-    fills the real root where it reads sysfs."""
-    if not pci_bus_id:
-        return None
-    match = re.fullmatch(r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):[0-9A-Fa-f]{2}\.[0-7]", pci_bus_id)
-    if match is None:
-        return None
-    domain = match.group(1)[-4:].lower()
-    return f"pci{domain}:00"
-
-
 def gpu_attributes(gpu: GpuStatus) -> dict[str, Attribute]:
     """Attributes every device cut from ``gpu`` carries (whole GPU, MIG instance or share)."""
     attrs: dict[str, Attribute] = {
@@ -63,9 +48,8 @@ def gpu_attributes(gpu: GpuStatus) -> dict[str, Attribute]:
         attrs["driverVersion"] = {"version": driver}
     if gpu.numa_node is not None:
         attrs["numaNode"] = {"int": gpu.numa_node}
-    root = pcie_root(gpu.pci_bus_id)
-    if root:
-        attrs[PCIE_ROOT_ATTRIBUTE] = {"string": root}
+    if gpu.pcie_root:  # only where the agent read it from sysfs: a guess would make matchAttribute lie
+        attrs[PCIE_ROOT_ATTRIBUTE] = {"string": gpu.pcie_root}
     return attrs
 
 

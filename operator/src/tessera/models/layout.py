@@ -85,6 +85,7 @@ class GpuStatus(KubeModel):
     driver_version: str = ""
     cuda_version: str = ""
     pci_bus_id: str | None = None
+    pcie_root: str | None = Field(default=None, description="the PCIe root complex from sysfs, e.g. pci0000:3a")
     numa_node: int | None = None
     mig_capable: bool = False
     mig_mode_current: bool = False

@@ -164,7 +164,8 @@ class GpuInfo:
     minor: int | None = None  # the driver's minor number: /dev/nvidia<minor>; None when unknown
     cuda_compute_capability: str = ""
     architecture: str = ""
-    pci_bus_id: str | None = None
+    pci_bus_id: str | None = None  # as NVML writes it: "00000000:3B:00.0"
+    pcie_root: str | None = None  # the PCIe root complex, "pci0000:3a"; None when unknown
     numa_node: int | None = None
     mig_capable: bool = False
     mig_mode_current: bool = False

@@ -5,6 +5,9 @@ processes), never from the catalog, except the full GPU's SM count (NVML has no 
 NVML errors become ``BackendError`` subclasses whose messages say what failed on which GPU and
 what to do. No driver, no GPU, or a lost GPU is reported by ``inventory()``, never raised.
 
+Where a GPU sits (its PCIe root complex, its NUMA node) comes from sysfs by the PCI bus id
+NVML reports (``tessera.agent.backends.pci``; ``sysfs`` moves the root for tests).
+
 Things NVML cannot do are done the way NVIDIA's tools do them, through commands run by an
 injectable runner: time-slice intervals (``nvidia-smi compute-policy --set-timeslice``) and
 MPS control daemons (``nvidia-cuda-mps-control -d`` / ``quit``, one per GPU or MIG device,
@@ -54,6 +57,7 @@ from tessera.agent.backends.mps import (
     run_checked,
     run_command,
 )
+from tessera.agent.backends.pci import read_topology
 from tessera.models.catalog import SHAPES, model_for_product
 from tessera.models.layout import Health
 from tessera.models.policy import TimeSliceInterval
@@ -86,6 +90,7 @@ class NvmlBackend:
         mps_root: str = "/run/tessera/mps",
         nvidia_smi: str = "nvidia-smi",
         mps_control: str | Sequence[str] = "nvidia-cuda-mps-control",
+        sysfs: str = "/sys",
     ) -> None:
         if nvml is None:
             import pynvml
@@ -96,6 +101,7 @@ class NvmlBackend:
         self._nvidia_smi = nvidia_smi
         control = [mps_control] if isinstance(mps_control, str) else list(mps_control)
         self._daemons = MpsDaemons(Path(mps_root), control, runner)
+        self._sysfs = Path(sysfs)
         self._lock = threading.RLock()
         self._initialised = False
         self._holds: dict[str, set[str]] = {}
@@ -215,7 +221,10 @@ class NvmlBackend:
         major, minor = n.nvmlDeviceGetCudaComputeCapability(h)
         arch = self._optional(lambda: _ARCHITECTURES.get(int(n.nvmlDeviceGetArchitecture(h)), ""), "")
         pci = self._optional(lambda: _s(n.nvmlDeviceGetPciInfo(h).busId), None)
-        numa = self._optional(lambda: int(n.nvmlDeviceGetNumaNodeId(h)), None)
+        topology = read_topology(self._sysfs, pci)
+        numa = topology.numa_node
+        if numa is None:  # no sysfs entry (a VM may hide it): the driver's answer, where it has one
+            numa = self._optional(lambda: int(n.nvmlDeviceGetNumaNodeId(h)), None)
         device_minor = self._optional(lambda: int(n.nvmlDeviceGetMinorNumber(h)), None)
         try:
             current, pending = n.nvmlDeviceGetMigMode(h)
@@ -240,6 +249,7 @@ class NvmlBackend:
             cuda_compute_capability=f"{major}.{minor}",
             architecture=arch,
             pci_bus_id=pci,
+            pcie_root=topology.pcie_root,
             numa_node=numa if numa is None or numa >= 0 else None,
             mig_capable=capable,
             mig_mode_current=bool(current),

@@ -6,7 +6,8 @@ health) and enforces the real rules: valid starts, no overlapping placements
 (INSUFFICIENT_RESOURCES), destroy refused while in use (IN_USE), MIG mode toggled at once on
 Hopper and later but left *pending* on Ampere until ``reset_gpu``. GPUs come from the catalog,
 chosen by a spec such as ``4xH100-80GB,2xA100-80GB``; UUIDs are seeded by the node name, so
-two runs describe byte-identical hardware.
+two runs describe byte-identical hardware. GPUs sit on an HGX-style board (``board_slot``):
+two behind each PCIe root complex, the roots split between two NUMA nodes.
 
 With a ``state_file`` every operation locks the file, reads it, changes it and writes it back,
 so the simulated hardware outlives an agent process (crash-in-the-middle tests restart the
@@ -72,6 +73,36 @@ _SPEC_ITEM = re.compile(r"^(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9.+-]+)$")
 # Architectures whose MIG mode change waits for a GPU reset.
 _RESET_ARCHITECTURES = frozenset({"Ampere"})
 MAX_GPU_INSTANCE_ID = 14
+
+
+GPUS_PER_PCIE_ROOT = 2
+NUMA_NODES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class BoardSlot:
+    """Where a simulated GPU sits on the board."""
+
+    pci_bus_id: str  # NVML's form
+    pcie_root: str
+    numa_node: int
+
+
+def board_slot(index: int, gpu_count: int) -> BoardSlot:
+    """GPU ``index`` of ``gpu_count`` on an HGX-style board: two GPUs behind each PCIe root
+    complex (they share a PCIe switch), the roots split evenly between two CPU sockets (NUMA
+    nodes). Eight GPUs: roots ``pci0000:10``, ``:30``, ``:50``, ``:70``; GPUs 0-3 on NUMA node 0,
+    4-7 on node 1."""
+    roots = max(1, -(-gpu_count // GPUS_PER_PCIE_ROOT))
+    root = index // GPUS_PER_PCIE_ROOT
+    domain, root_bus = divmod(root, 8)
+    bus = 0x10 + root_bus * 0x20
+    gpu_bus = bus + 0x08 + 0x04 * (index % GPUS_PER_PCIE_ROOT)
+    return BoardSlot(
+        pci_bus_id=f"{domain:08X}:{gpu_bus:02X}:00.0",
+        pcie_root=f"pci{domain:04x}:{bus:02x}",
+        numa_node=min(NUMA_NODES - 1, root * NUMA_NODES // roots),
+    )
 
 
 class SimulatedCrash(Exception):  # noqa: N818 - it is not an error of the code, it is the fault
@@ -692,6 +723,7 @@ class SimulatedBackend:
 
     def _gpu_info(self, s: SimState, g: SimGpu) -> GpuInfo:
         model = g.catalog
+        slot = board_slot(g.index, len(s.gpus))
 
         def busy(device: str | None) -> bool:
             return device is not None and bool(s.holds.get(device))
@@ -722,8 +754,9 @@ class SimulatedBackend:
             multiprocessors=model.multiprocessors,
             cuda_compute_capability=model.compute_capability,
             architecture=model.architecture,
-            pci_bus_id=f"00000000:{0x18 + g.index * 0x10:02X}:00.0",
-            numa_node=0 if g.index < max(1, len(s.gpus) // 2) else 1,
+            pci_bus_id=slot.pci_bus_id,
+            pcie_root=slot.pcie_root,
+            numa_node=slot.numa_node,
             mig_capable=model.mig_capable,
             mig_mode_current=g.mig_current,
             mig_mode_pending=g.mig_pending,

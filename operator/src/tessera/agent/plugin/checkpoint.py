@@ -72,6 +72,7 @@ class PreparedDevice(_Value):
     gpu_uuid: str
     device_uuid: str = ""  # "GPU-…" or "MIG-…"; "" for a dynamic instance not made yet
     dynamic: DynamicInstance | None = None
+    admin_access: bool = False  # visible to the claim, but not held: others may use and change it
 
 
 class PreparedClaim(_Value):
@@ -84,7 +85,8 @@ class PreparedClaim(_Value):
 
     @property
     def device_uuids(self) -> frozenset[str]:
-        return frozenset(d.device_uuid for d in self.devices if d.device_uuid)
+        """The devices the claim holds (admin-access devices are looked at, not held)."""
+        return frozenset(d.device_uuid for d in self.devices if d.device_uuid and not d.admin_access)
 
     def cdi_device_ids(self) -> list[str]:
         return [d.cdi_device_id for d in self.devices]

@@ -4,20 +4,22 @@ allocation the devices this node's driver must prepare.
 The kubelet's request names a claim only (namespace, name, UID); the allocation lives in the
 claim's status. ``allocated_devices`` is the pure part: it checks that the claim is the one
 the kubelet meant (same UID), is allocated, and has devices of our driver in this node's pool
-(pool name = node name), and says what is wrong otherwise. ``KubeClaimReader`` is the only
-code of the plugin that talks to the Kubernetes API.
+(pool name = node name), and says what is wrong otherwise. ``KubeClaimReader`` and
+``KubeClaimStatusWriter`` are the only code of the plugin that talks to the Kubernetes API
+(the status write itself is ``tessera.kube.claimstatus``).
 Not for: preparing anything.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kubernetes_asyncio import client as k8s
 
+from tessera.kube.claimstatus import ClaimGoneError, apply_claim_device_status
 from tessera.models.devices import DeviceRef, parse_device_name
 
 Claim = Mapping[str, Any]
@@ -49,6 +51,7 @@ class AllocatedDevice:
     ref: DeviceRef
     share_id: str | None = None
     consumed_capacity: Mapping[str, str] = field(default_factory=dict)
+    admin_access: bool = False  # a monitoring claim: the device is made visible, never held or limited
 
     @property
     def request_name(self) -> str:
@@ -95,6 +98,7 @@ def allocated_devices(claim: Claim, ref: ClaimRef, driver: str, node: str) -> li
                 ref=device_ref,
                 share_id=result.get("shareID"),
                 consumed_capacity={str(k): str(v) for k, v in (result.get("consumedCapacity") or {}).items()},
+                admin_access=result.get("adminAccess") is True,
             )
         )
     return devices
@@ -104,6 +108,29 @@ class ClaimReader(Protocol):
     """Reads a ResourceClaim as JSON; None when it does not exist."""
 
     async def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+class ClaimStatusWriter(Protocol):
+    """Writes this driver's entries of a claim's ``status.devices``; an empty list clears them."""
+
+    async def write_device_status(self, ref: ClaimRef, devices: Sequence[dict[str, Any]]) -> None: ...
+
+
+class KubeClaimStatusWriter:
+    """Writes claim device status through the API as ``field_manager`` (one per node, so a
+    node's plugin replaces only what it wrote). A claim that is gone needs no status."""
+
+    def __init__(self, api_client: k8s.ApiClient, field_manager: str) -> None:
+        self._api_client = api_client
+        self.field_manager = field_manager
+
+    async def write_device_status(self, ref: ClaimRef, devices: Sequence[dict[str, Any]]) -> None:
+        try:
+            await apply_claim_device_status(
+                self._api_client, ref.namespace, ref.name, ref.uid, self.field_manager, devices
+            )
+        except ClaimGoneError:
+            return
 
 
 class KubeClaimReader:

@@ -9,6 +9,10 @@ prepared returns the recorded answer and does nothing else.
 Unprepare removes the CDI spec, drops the holds and destroys the dynamic instances the
 claim got; a claim the plugin does not know is already unprepared.
 
+With a ``ClaimStatusWriter``, a fresh prepare also writes the claim's ``status.devices``
+(``device_status_entries``: Ready, UUIDs, MIG profile, MPS limits, driver version) and a
+finished unprepare clears them.
+
 Concurrency: every claim has its own lock, so one claim is never worked on twice at once,
 while different claims proceed together; one hardware lock covers every "look, then change
 the GPUs" sequence; the checkpoint is written by one writer at a time.
@@ -19,6 +23,9 @@ What a container gets per device (the pure ``build_cdi_devices``):
   every device of the same request, so a container that gets them all sees them all;
 - device nodes: ``/dev/nvidiactl``, ``/dev/nvidia-uvm``, ``/dev/nvidia-uvm-tools`` once per
   claim, ``/dev/nvidia<minor>`` and MIG capability nodes per device;
+- for an admin-access device (``adminAccess: true``, a monitoring claim): the same UUIDs and
+  device nodes, but no MPS pipe or limits, and no hold: the reconciler may change the device
+  under it, and the operator never waits for it;
 - for an MPS share: the host's pipe folder of that device's MPS server mounted at
   ``/tmp/nvidia-mps`` with ``CUDA_MPS_PIPE_DIRECTORY`` pointing there,
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from the allocation's consumed ``compute`` and
@@ -33,6 +40,7 @@ import contextlib
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +71,14 @@ from tessera.agent.plugin.checkpoint import (
     quarantine,
     save_checkpoint,
 )
-from tessera.agent.plugin.claims import AllocatedDevice, ClaimError, ClaimReader, ClaimRef, allocated_devices
+from tessera.agent.plugin.claims import (
+    AllocatedDevice,
+    ClaimError,
+    ClaimReader,
+    ClaimRef,
+    ClaimStatusWriter,
+    allocated_devices,
+)
 from tessera.agent.plugin.hardware import CONTROL_DEVICE_NODES, PluginBackend, device_nodes
 from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
 from tessera.models.quantity import MIB, parse_quantity
@@ -107,7 +122,10 @@ def mps_limits(consumed: Mapping[str, str]) -> MpsLimits:
 
 def is_mps_share(device: AllocatedDevice, pipe_directory: str | None) -> bool:
     """An MPS share: the device runs an MPS server, or the allocation consumed ``compute``
-    (only MPS devices publish that capacity)."""
+    (only MPS devices publish that capacity). An admin-access device is never one: a
+    monitoring container sees the device without joining its MPS server or its limits."""
+    if device.admin_access:
+        return False
     return pipe_directory is not None or COMPUTE in device.consumed_capacity
 
 
@@ -186,6 +204,48 @@ def build_cdi_devices(claim_uid: str, accesses: Sequence[DeviceAccess]) -> tuple
     return devices, ContainerEdits(device_nodes=CONTROL_DEVICE_NODES)
 
 
+def device_status_entries(
+    driver: str, accesses: Sequence[DeviceAccess], driver_version: str, now: str
+) -> list[dict[str, Any]]:
+    """The claim's ``status.devices`` entries (DRAResourceClaimDeviceStatus), one per prepared
+    device: a ``Ready`` condition, and ``data`` saying what the container got — the GPU or
+    MIG UUID, the parent GPU, the MIG profile, the MPS limits applied, the node's driver
+    version, and whether it is an admin-access (monitoring) device. ``now`` is the condition's
+    transition time (RFC 3339)."""
+    entries = []
+    for access in accesses:
+        allocated = access.allocated
+        data: dict[str, Any] = {"uuid": access.device_uuid, "gpuUUID": access.gpu_uuid}
+        if allocated.ref.profile is not None:
+            data["migProfile"] = allocated.ref.profile
+        if is_mps_share(allocated, access.mps_pipe_directory):
+            limits = mps_limits(allocated.consumed_capacity)
+            mps: dict[str, int] = {}
+            if limits.active_thread_percentage is not None:
+                mps["activeThreadPercentage"] = limits.active_thread_percentage
+            if limits.pinned_memory_mib is not None:
+                mps["pinnedDeviceMemoryMiB"] = limits.pinned_memory_mib
+            data["mps"] = mps
+        if driver_version:
+            data["driverVersion"] = driver_version
+        if allocated.admin_access:
+            data["adminAccess"] = True
+        entry: dict[str, Any] = {
+            "driver": driver,
+            "pool": allocated.pool,
+            "device": allocated.device,
+            "conditions": [{
+                "type": "Ready", "status": "True", "reason": "Prepared", "lastTransitionTime": now,
+                "message": f"{access.device_uuid} prepared for the claim's containers",
+            }],
+            "data": data,
+        }
+        if allocated.share_id:
+            entry["shareID"] = allocated.share_id
+        entries.append(entry)
+    return entries
+
+
 def in_use_device_uuids(claims: Iterable[PreparedClaim]) -> frozenset[str]:
     """``GPU-…``/``MIG-…`` UUIDs of every device the claims hold."""
     return frozenset(uuid for claim in claims for uuid in claim.device_uuids)
@@ -211,9 +271,16 @@ class PreparerSettings:
 class ClaimPreparer:
     """Prepares and unprepares claims; holds the state the checkpoint persists."""
 
-    def __init__(self, backend: PluginBackend, reader: ClaimReader, settings: PreparerSettings) -> None:
+    def __init__(
+        self,
+        backend: PluginBackend,
+        reader: ClaimReader,
+        settings: PreparerSettings,
+        status_writer: ClaimStatusWriter | None = None,
+    ) -> None:
         self._backend = backend
         self._reader = reader
+        self._status_writer = status_writer
         self._settings = settings
         self._claims: dict[str, PreparedClaim] = {}
         self._claim_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -348,6 +415,10 @@ class ClaimPreparer:
         except BaseException:
             await self._roll_back(ref, created, held, keep=known)
             raise
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        await self._write_status(
+            ref, device_status_entries(self._settings.driver, accesses, inventory.driver_version, now)
+        )
         prepared = PreparedClaim(
             uid=ref.uid,
             namespace=ref.namespace,
@@ -363,6 +434,7 @@ class ClaimPreparer:
                     gpu_uuid=a.gpu_uuid,
                     device_uuid=a.device_uuid,
                     dynamic=next((i for i in created if i.uuid == a.device_uuid), None),
+                    admin_access=a.allocated.admin_access,
                 )
                 for a, c in zip(accesses, cdi_devices, strict=True)
             ),
@@ -410,12 +482,18 @@ class ClaimPreparer:
                         f"{start} (its layout changed after the scheduler allocated it)"
                     )
             elif d.ref.kind is DeviceKind.DYNAMIC_MIG:
+                if d.admin_access:
+                    raise ClaimError(
+                        f"device {d.device}: admin access to a DynamicMIG placement has nothing to look at "
+                        "(its instance exists only while a claim holds it); ask for the GPU or a MIG instance"
+                    )
                 instance, made = await self._dynamic_instance(ref, gpu, d)
                 if made is not None:
                     created.append(made)
             device_uuid = instance.uuid if instance is not None and instance.uuid else gpu.uuid
-            await self._call(self._backend.hold, device_uuid, ref.uid)
-            held.append(device_uuid)
+            if not d.admin_access:  # an admin claim looks; it never keeps a repartition waiting
+                await self._call(self._backend.hold, device_uuid, ref.uid)
+                held.append(device_uuid)
             pipe = (instance.mps_pipe_directory if instance is not None else gpu.mps_pipe_directory)
             if is_mps_share(d, pipe) and pipe is None:
                 pipe = await self._call(self._backend.start_mps, device_uuid)
@@ -483,6 +561,16 @@ class ClaimPreparer:
         if clean and self._claims.get(ref.uid) is not keep:
             await self._set_claim(keep, ref.uid)
 
+    async def _write_status(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        """Publish (or, with no entries, clear) the claim's device status. The status tells
+        people what was prepared; failing to write it never fails the kubelet's call."""
+        if self._status_writer is None:
+            return
+        try:
+            await self._status_writer.write_device_status(ref, entries)
+        except Exception as error:  # any API failure: logged, the prepare stands
+            self._log.warning("claim device status not written", claim=str(ref), error=str(error)[:300])
+
     def _destroy(self, gpu_uuid: str, gpu_instance_id: int) -> bool:
         self._backend.destroy_instance(gpu_uuid, gpu_instance_id)
         return True
@@ -507,6 +595,7 @@ class ClaimPreparer:
                     "the kubelet retries"
                 )
             await self._set_claim(None, ref.uid)
+            await self._write_status(ref, [])
             self._log.info("claim unprepared", claim=str(ref), uid=ref.uid)
 
     async def _destroy_dynamic(self, ref: ClaimRef, claim: PreparedClaim) -> tuple[PreparedDevice, ...]:
@@ -569,6 +658,7 @@ __all__ = [
     "MpsLimits",
     "PreparerSettings",
     "build_cdi_devices",
+    "device_status_entries",
     "in_use_device_uuids",
     "in_use_gpu_uuids",
     "mps_limits",

@@ -33,7 +33,14 @@ from tessera import DRIVER_NAME
 from tessera.agent.health import HealthTracker
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.checkpoint import PreparedClaim
-from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, KubeClaimReader
+from tessera.agent.plugin.claims import (
+    ClaimError,
+    ClaimReader,
+    ClaimRef,
+    ClaimStatusWriter,
+    KubeClaimReader,
+    KubeClaimStatusWriter,
+)
 from tessera.agent.plugin.hardware import PluginBackend
 from tessera.agent.plugin.health import HEALTH_SERVICE, watch_resources
 from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
@@ -86,6 +93,11 @@ class PluginConfig:
         return self.checkpoint_path or self.plugin_folder / "checkpoint.json"
 
 
+def status_field_manager(config: PluginConfig) -> str:
+    """The field manager of one node's claim status writes: ``gpu.tessera.dev/<node>``."""
+    return f"{config.driver_name}/{config.node_name}"[:128]
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimOutcome:
     """The answer for one claim: what was prepared, or why not."""
@@ -113,6 +125,7 @@ class KubeletPlugin:
         reader: ClaimReader,
         on_change: Callable[[], None] | None = None,
         health: HealthTracker | None = None,
+        status_writer: ClaimStatusWriter | None = None,
     ) -> None:
         self.config = config
         self.on_change = on_change  # e.g. the agent's request_resync: its status follows at once
@@ -128,6 +141,7 @@ class KubeletPlugin:
                 checkpoint_path=config.checkpoint_file,
                 proc_root=config.proc_root,
             ),
+            status_writer,
         )
         self.registration = RegistrationState()
         self._dra_server: Any = None
@@ -356,7 +370,8 @@ async def serve_plugin(
 
     ``started`` gets the running plugin, e.g. to let the reconciler ask
     ``plugin.in_use_device_uuids()``."""
-    plugin = KubeletPlugin(config, backend, KubeClaimReader(api_client), on_change, health)
+    writer = KubeClaimStatusWriter(api_client, status_field_manager(config))
+    plugin = KubeletPlugin(config, backend, KubeClaimReader(api_client), on_change, health, writer)
     async with plugin:
         if started is not None:
             started(plugin)
