@@ -287,6 +287,8 @@ async def test_drain_waits_for_the_running_pod_and_repartitions_after_the_kubele
     await start_pods(real, namespace, NODE_A, template, ["held-0"])
     hardware = real.hardware(NODE_A)
     gpu3 = hardware.snapshot().gpus[3]
+    held_uid = get(real, "resourceclaim", get(real, "pod", "held-0", "-n", namespace)["status"]
+                   ["resourceClaimStatuses"][0]["resourceClaimName"], "-n", namespace)["metadata"]["uid"]
     balanced = {"strategy": "MIG", "mig": {"preset": "all-balanced"}}
     real.cluster.apply_objects([policy("real-drain", NODE_A, 3, balanced)])
 
@@ -307,8 +309,11 @@ async def test_drain_waits_for_the_running_pod_and_repartitions_after_the_kubele
                    message="gpu-3's MIG devices published")
     print(f"\ndrain: Pod gone -> new devices published in {time.monotonic() - gone:.2f}s")
     assert hardware.snapshot().gpus[3].instances, "the new layout was applied"
-    unprepared = agent_events(real.agents[NODE_A], "claim unprepared")
-    assert unprepared, "the kubelet unprepared the claim before the GPU changed"
+    agent = real.agents[NODE_A]
+    [unprepared] = [e for e in agent_events(agent, "claim unprepared") if e.get("uid") == held_uid]
+    changes = [e for e in agent_events(agent, "operation done") if str(e.get("operation", "")).startswith("GPU 3:")]
+    assert changes, "the agent changed GPU 3"
+    assert unprepared["timestamp"] < min(e["timestamp"] for e in changes), "GPU 3 changed before the kubelet unprepared"
 
 
 async def test_an_agent_restart_keeps_the_pod_running_and_its_partition(real: RealCluster, namespace: str) -> None:

@@ -7,7 +7,8 @@ none), and Debian's ``buildah`` commits it under the base's full name. ``buildah
 builds the Dockerfile as it is (vfs storage, chroot isolation, never pulling), and the image
 is written as a docker-archive tar that ``tessera.localcluster.images.import_image`` loads
 into real nodes. Everything lives under the cache folder; a finished tar is reused while the
-inputs it was built from (Dockerfile, pyproject, lock, sources) are unchanged.
+inputs it was built from (Dockerfile, pyproject, lock, sources) are unchanged. The Dockerfile's
+RUN steps see the host's CA bundle (read-only), so pip works behind a TLS-inspecting proxy.
 Not for: the small busybox image (``tessera.localcluster.images``).
 """
 
@@ -27,6 +28,7 @@ BASE_IMAGE = "docker.io/library/python:3.11-slim"
 BASE_PACKAGES = ("python3", "python3-pip", "python-is-python3", "ca-certificates")
 DEBIAN_SUITE = "bookworm"
 DEBIAN_TOOLS = ("buildah", "mmdebstrap")
+HOST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
 
 def own_image_possible() -> str | None:
@@ -105,7 +107,9 @@ def build_own_image(repo: Path, progress: Progress = _stderr_progress) -> Path:
         _base_image(store, progress)
         started = time.monotonic()
         progress(f"building {IMAGE} from {repo / 'Dockerfile'} with buildah (no Docker)")
-        _run([*_buildah(store), "bud", "--isolation", "chroot", "--pull=never", "--layers=false",
+        # RUN steps trust what the host trusts (an egress proxy's CA, say); the image keeps its own.
+        cas = ["-v", f"{HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if Path(HOST_CA_BUNDLE).is_file() else []
+        _run([*_buildah(store), "bud", "--isolation", "chroot", "--pull=never", "--layers=false", *cas,
               "-f", str(repo / "Dockerfile"), "-t", IMAGE, str(repo)], "buildah bud", cwd=repo)
         tmp = out.with_suffix(".partial")
         tmp.unlink(missing_ok=True)
