@@ -27,7 +27,6 @@ import pytest
 from tessera import INSTALL_NAMESPACE
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait_for
-from tessera.localcluster.images import import_image
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.ownimage import IMAGE, build_own_image, own_image_possible
 from tessera.manifests import load_documents
@@ -58,7 +57,7 @@ def installed() -> Iterator[Installed]:
         node = RealNode.start(cluster, NODE, labels={"pool": "inference", "nvidia.com/gpu.present": "true"})
         try:
             imported = time.monotonic()
-            import_image(node.binaries.ctr, str(node.containerd_socket), image)
+            node.import_image(image)
             print(f"image imported into {NODE} in {time.monotonic() - imported:.0f}s")
             yield Installed(cluster, node)
         finally:

@@ -75,6 +75,7 @@ def docker_archive(layer: bytes, tag: str, cmd: list[str], env: list[str]) -> by
 def busybox_image(busybox: Path, out: Path, tag: str = BUSYBOX_IMAGE) -> Path:
     """Write the busybox image's docker-archive to ``out`` (once; it is the same every time)."""
     if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
         archive = docker_archive(
             _layer(busybox, busybox_applets(busybox)), tag, ["sleep", SANDBOX_SLEEP_SECONDS],
             ["PATH=/bin"],

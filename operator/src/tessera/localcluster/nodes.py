@@ -145,7 +145,24 @@ class _Child:
             return "(no log)"
 
 
-def containerd_config(folder: Path, binaries: NodeBinaries, sandbox_image: str) -> str:
+def overlay_works(scratch: Path) -> bool:
+    """Whether an overlay filesystem can be mounted on top of ``scratch`` (containers then
+    start without copying their image; elsewhere the native snapshotter copies it)."""
+    parts = {name: scratch / name for name in ("lower", "upper", "work", "merged")}
+    try:
+        for part in parts.values():
+            part.mkdir(parents=True, exist_ok=True)
+        options = f"lowerdir={parts['lower']},upperdir={parts['upper']},workdir={parts['work']}"
+        mounted = _run(["mount", "-t", "overlay", "overlay", "-o", options, str(parts["merged"])], "overlay probe",
+                       check=False).returncode == 0
+        if mounted:
+            _run(["umount", str(parts["merged"])], "overlay probe", check=False)
+        return mounted
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def containerd_config(folder: Path, binaries: NodeBinaries, sandbox_image: str, snapshotter: str = "native") -> str:
     """containerd's config (version 4, containerd 2.4): its own root, state and sockets under
     ``folder`` and no host config imported; CRI with the node's CDI folder (CDI is on by
     default), runc, the node's CNI config, network namespaces under its state, the native
@@ -175,7 +192,7 @@ def containerd_config(folder: Path, binaries: NodeBinaries, sandbox_image: str) 
         "[plugins.'io.containerd.server.v1.ttrpc']",
         f"  address = {json.dumps(str(state / 'containerd.sock.ttrpc'))}",
         "[plugins.'io.containerd.cri.v1.images']",
-        "  snapshotter = 'native'",
+        f"  snapshotter = {json.dumps(snapshotter)}",
         "[plugins.'io.containerd.cri.v1.images'.pinned_images]",
         f"  sandbox = {json.dumps(sandbox_image)}",
     ]
@@ -256,6 +273,7 @@ class RealNode:
     _containerd: _Child | None = None
     _kubelet: _Child | None = None
     _nat_rule: list[str] = field(default_factory=list)
+    snapshotter: str = "native"
 
     # -- names ---------------------------------------------------------------------------
 
@@ -319,8 +337,7 @@ class RealNode:
         self._start_network()
         self._start_namespace()
         self._start_containerd(deadline)
-        import_image(self.binaries.ctr, str(self.containerd_socket),
-                     busybox_image(self.binaries.busybox, cache_root() / "images" / "busybox.tar"))
+        self.import_image(busybox_image(self.binaries.busybox, cache_root() / "images" / "busybox.tar"))
         self.start_kubelet()
         self.wait_ready(deadline)
 
@@ -354,7 +371,8 @@ class RealNode:
 
     def _start_containerd(self, deadline: float) -> None:
         config = self.folder / "containerd" / "config.toml"
-        config.write_text(containerd_config(self.folder, self.binaries, BUSYBOX_IMAGE))
+        self.snapshotter = "overlayfs" if overlay_works(self.folder / "overlay-probe") else "native"
+        config.write_text(containerd_config(self.folder, self.binaries, BUSYBOX_IMAGE, self.snapshotter))
         env = {**os.environ, "PATH": self.binaries.runtime_path}
         self._containerd = self._spawn("containerd", [*self.in_namespace(), str(self.binaries.containerd),
                                                       "--config", str(config), "--log-level", "warn"], env)
@@ -417,6 +435,10 @@ class RealNode:
             if time.monotonic() > deadline:
                 raise LocalClusterError(f"{what} did not happen in time; {child.name}'s log ends:\n{child.tail()}")
             time.sleep(0.2)
+
+    def import_image(self, archive: Path) -> None:
+        """Load a docker-archive tar into this node's containerd (where its kubelet finds it)."""
+        import_image(self.binaries.ctr, str(self.containerd_socket), archive, self.snapshotter)
 
     def kubelet_metrics(self) -> str:
         """The kubelet's /metrics text (through the apiserver's node proxy)."""
