@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tessera.controller.decide import NodeDecision, affected_devices, decide_node, published_device_names
-from tessera.controller.state import Fleet
+from tessera.controller.state import Fleet, claim_hold
 from tessera.models.layout import GpuLayout, GpuStatus, PlacedInstance
 from tessera.models.policy import ShareStrategy, Strategy, TimeSlicingSpec
 from tessera.planner import PlanErrorReason
@@ -30,8 +30,22 @@ def _mig(uuid: str, policy: str, *instances: tuple[str, int]) -> GpuLayout:
     return GpuLayout(uuid=uuid, policy=policy, strategy=Strategy.MIG, mig_instances=_placed(*instances))
 
 
-def _decide(fleet: Fleet, now: float = 1000.0, previous: NodeDecision | None = None) -> NodeDecision:
-    decision = decide_node(fleet, NODE, now, previous.drains if previous is not None else None)
+def _handed_over(fleet: Fleet) -> dict[str, frozenset[str]]:
+    """Every published device of the node, as the runtime reports them once it has tainted
+    them and read the claims again (the handover done)."""
+    layout = fleet.nodes[NODE].layout
+    assert layout is not None
+    gpus = layout.status.gpus if layout.status is not None else []
+    return {g.uuid: published_device_names(g) for g in gpus}
+
+
+def _decide(
+    fleet: Fleet, now: float = 1000.0, previous: NodeDecision | None = None, handed_over: bool = True
+) -> NodeDecision:
+    """The decision once the runtime has handed every published device over (or, with
+    ``handed_over=False``, before it has)."""
+    cleared = _handed_over(fleet) if handed_over else None
+    decision = decide_node(fleet, NODE, now, previous.drains if previous is not None else None, cleared)
     assert decision is not None
     return decision
 
@@ -68,14 +82,45 @@ def test_a_new_policy_writes_the_planned_spec() -> None:
     assert decision.evict == ()
 
 
-def test_gpus_no_policy_selects_are_planned_exclusive_without_a_policy() -> None:
+def test_a_gpu_no_policy_selects_is_unmanaged_and_left_exactly_as_it_is() -> None:
+    # Installed on a node whose GPU was partitioned by hand: nothing is written for it.
     policy = policy_body("pool-a", nodeSelector={"matchLabels": {"pool": "a"}}, **TIME_SLICED)
-    fleet = fleet_of([gpu(0)], policies=[policy], labels={"pool": "b"})
+    fleet = fleet_of([mig_gpu(0)], policies=[policy], labels={"pool": "b"})
 
-    decision = _decide(fleet)
+    decision = _decide(fleet, handed_over=False)
 
-    assert decision.spec.gpus == [GpuLayout(uuid=gpu(0).uuid, policy=None, strategy=Strategy.EXCLUSIVE)]
+    assert decision.spec.gpus == [], "no spec entry: the agent leaves the GPU alone"
     assert decision.gpus[0].policy is None
+    assert decision.drains == {}
+    assert decision.draining_devices == frozenset()
+    assert decision.gpus[0].written is None
+
+
+def test_deleting_a_policy_leaves_its_layout_in_place_without_the_policy() -> None:
+    status = mig_gpu(0)
+    fleet = fleet_of([status], [layout_of(status, "gone")], claims=[claim_body("c", ["gpu-0-mig-3g-40gb-0"])])
+
+    decision = _decide(fleet, handed_over=False)
+
+    assert decision.spec.gpus == [layout_of(status, None)], "same layout, no policy: nothing on the GPU changes"
+    assert decision.drains == {}
+    assert decision.draining_devices == frozenset()
+
+
+def test_a_policy_that_later_selects_an_unmanaged_gpu_takes_it_over_through_the_handover() -> None:
+    status = mig_gpu(0)
+    fleet = fleet_of([status], policies=[policy_body("take", **MIG_1G_X7)])
+
+    before = _decide(fleet, handed_over=False)
+
+    assert before.spec.gpus == [], "nothing is written before the changing devices are handed over"
+    drain = before.gpus[0].drain
+    assert drain is not None
+    assert drain.claims == ()
+    assert "gpu-0-mig-3g-40gb-0" in before.draining_devices, "the 3g the 1g layout replaces is tainted first"
+    assert before.draining_devices == drain.devices <= published_device_names(status)
+    after = _decide(fleet, previous=before)
+    assert after.spec.gpus[0].policy == "take"
 
 
 def test_the_spec_follows_the_node_labels() -> None:
@@ -373,17 +418,71 @@ def test_a_drain_times_out_after_the_policy_drain_timeout(waited: float, timed_o
     assert drain.timed_out is timed_out
 
 
-def test_a_gpu_whose_policy_went_drains_back_to_exclusive_with_the_default_timeout() -> None:
-    status = time_sliced_gpu(0)
-    fleet = fleet_of([status], [layout_of(status, "gone")], claims=[claim_body("c", ["gpu-0"], pods=["p"])])
-    first = _decide(fleet, now=0.0)
+def test_a_claimless_handover_never_times_out_into_a_drain_timeout() -> None:
+    fleet = fleet_of([gpu(0)], [layout_of(gpu(0))], policies=[policy_body("shared", **TIME_SLICED)])
+    first = _decide(fleet, now=0.0, handed_over=False)
 
-    assert first.gpus[0].target == GpuLayout(uuid=status.uuid, strategy=Strategy.EXCLUSIVE)
-    before = _decide(fleet, now=3599.0, previous=first)
-    after = _decide(fleet, now=3600.0, previous=first)
+    later = _decide(fleet, now=1e6, previous=first, handed_over=False)
 
-    assert [d.gpus[0].drain.timed_out for d in (before, after) if d.gpus[0].drain] == [False, True]
-    assert after.evict == ()  # the default mode is Wait
+    drain = later.gpus[0].drain
+    assert drain is not None
+    assert drain.claims == ()
+    assert not drain.timed_out
+    assert later.evict == ()
+
+
+# -- the handover: taint, re-read claims, only then write -----------------------------------
+
+
+def test_a_change_is_not_written_before_its_devices_are_handed_over() -> None:
+    fleet = fleet_of([gpu(0)], [layout_of(gpu(0))], policies=[policy_body("mig", **MIG_3G_X2)])
+
+    decision = _decide(fleet, handed_over=False)
+
+    assert decision.spec == _current_spec(fleet), "the old layout stays in the spec"
+    assert decision.draining_devices == {"gpu-0"}, "the device that will change is tainted first"
+    drain = decision.gpus[0].drain
+    assert drain is not None
+    assert drain.claims == ()
+
+
+def test_a_claim_the_fresh_read_sees_stops_the_write_although_the_watch_has_not_seen_it() -> None:
+    fleet = fleet_of([gpu(0)], [layout_of(gpu(0))], policies=[policy_body("mig", **MIG_3G_X2)])
+    allocated_meanwhile = claim_hold(claim_body("raced", ["gpu-0"], pods=["p"]))
+    assert allocated_meanwhile is not None
+
+    decision = decide_node(fleet, NODE, 0.0, None, _handed_over(fleet), [allocated_meanwhile])
+
+    assert decision is not None
+    assert decision.spec == _current_spec(fleet)
+    drain = decision.gpus[0].drain
+    assert drain is not None
+    assert drain.claims == ("default/raced",)
+
+
+def test_devices_handed_over_must_cover_every_device_the_change_touches() -> None:
+    status = mig_gpu(0)
+    fleet = fleet_of([status], [layout_of(status)], policies=[policy_body("small", **MIG_1G_X7)])
+    changing = _decide(fleet, handed_over=False).draining_devices
+    assert len(changing) >= 2
+    partly = {status.uuid: frozenset(sorted(changing)[1:])}
+
+    decision = decide_node(fleet, NODE, 0.0, None, partly)
+
+    assert decision is not None
+    assert decision.spec == _current_spec(fleet), "one device not handed over is enough to wait"
+    assert decision.draining_devices == changing
+    assert _decide(fleet).spec != _current_spec(fleet), "with all of them handed over it is written"
+
+
+def test_a_change_that_touches_no_published_device_needs_no_handover() -> None:
+    status = gpu(0, Strategy.MIG, mig_mode_current=True, mig_instances=[instance(H100, "3g.40gb", 0)])
+    fleet = fleet_of([status], [layout_of(status, "mig")], policies=[policy_body("mig", **MIG_3G_X2)])
+
+    decision = _decide(fleet, handed_over=False)
+
+    assert [i.start for i in decision.spec.gpus[0].mig_instances] == [0, 4], "adding into free slices is safe"
+    assert decision.drains == {}
 
 
 def _evict_fleet(mode: str) -> Fleet:

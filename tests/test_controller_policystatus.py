@@ -437,3 +437,23 @@ def test_a_condition_can_be_read_back_from_the_api_form() -> None:
 
     assert [c["type"] for c in kube["conditions"]] == ["Ready", "Progressing", "Degraded"]
     assert all(Condition.model_validate(c) in status.conditions for c in kube["conditions"])
+
+
+def test_a_claim_on_a_device_that_no_longer_exists_makes_its_policy_degraded_and_names_it() -> None:
+    # The agent reports the time-sliced gpu-1, but a claim holds a MIG device of GPU 1 that is gone.
+    fleet = _applied_fleet(2, claims=[claim_body("lost", ["gpu-1-mig-3g-40gb-0"], namespace="ml", pods=["w"])])
+
+    status = _status(fleet)
+
+    degraded = _condition(status, "Degraded")
+    assert degraded[:2] == (ConditionStatus.TRUE, "AllocatedDeviceMissing")
+    assert "ResourceClaim ml/lost is allocated gpu-1-mig-3g-40gb-0" in degraded[2]
+    assert "ml/w" in degraded[2], "it names the Pod"
+    assert "delete" in degraded[2], "it says what to do"
+    assert ("Warning", "AllocatedDeviceMissing", degraded[2]) in transitions(None, status)
+
+
+def test_claims_on_devices_that_exist_are_not_missing() -> None:
+    fleet = _applied_fleet(2, claims=[claim_body("fine", ["gpu-1"])])
+
+    assert _condition(_status(fleet), "Degraded")[:2] == (ConditionStatus.FALSE, "AsExpected")

@@ -20,10 +20,10 @@ from tessera.dra.devices import (
 from tessera.dra.limits import quantity_value, validate_device
 from tessera.models.catalog import MEMORY_SLICES, MODELS, model_by_key
 from tessera.models.devices import DeviceKind, parse_device_name
-from tessera.models.layout import Health
+from tessera.models.layout import GpuStatus, Health
 from tessera.models.policy import MpsMemory, MpsSpec, ShareStrategy, Strategy
 from tessera.models.quantity import MIB
-from tests.dra_gpus import dynamic_gpu, gpu, instance, mig_gpu, mps_gpu, time_sliced_gpu
+from tests.dra_gpus import dynamic_gpu, every_strategy, gpu, instance, mig_gpu, mps_gpu, time_sliced_gpu
 
 GIB = 1024**3
 
@@ -286,3 +286,13 @@ def test_every_device_of_every_strategy_passes_the_device_rules(model: str) -> N
         for device in build_gpu_devices(g, draining={g.uuid}).devices:
             assert validate_device(device) == []
             assert len(device["attributes"]) + len(device["capacity"]) <= 32
+
+
+@pytest.mark.parametrize("status", every_strategy(), ids=lambda g: g.strategy.value)
+def test_every_device_says_whether_a_policy_manages_its_gpu(status: GpuStatus) -> None:
+    unmanaged = build_gpu_devices(status.model_copy(update={"policy": None})).devices
+    managed = build_gpu_devices(status.model_copy(update={"policy": "p"})).devices
+
+    assert unmanaged, "an unmanaged GPU is still published as it is"
+    assert {d["attributes"]["managed"]["bool"] for d in unmanaged} == {False}
+    assert {d["attributes"]["managed"]["bool"] for d in managed} == {True}

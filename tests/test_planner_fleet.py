@@ -113,7 +113,7 @@ def test_priority_wins_then_name_and_losers_are_conflicts() -> None:
     assert plan.gpus[0].candidates == ("high", "alpha", "zeta")
 
 
-def test_node_selector_and_unselected_gpus_stay_exclusive() -> None:
+def test_node_selector_and_unselected_gpus_are_unmanaged() -> None:
     nodes = [
         NodeInventory("inference", {"pool": "inference"}, [H100]),
         NodeInventory("batch", {"pool": "batch"}, [A100]),
@@ -127,9 +127,11 @@ def test_node_selector_and_unselected_gpus_stay_exclusive() -> None:
     by_node = {p.node: p for p in plan.gpus}
     assert by_node["inference"].policy == "inf"
     assert by_node["batch"].policy is None
-    assert by_node["batch"].layout is not None
-    assert by_node["batch"].layout.strategy is Strategy.EXCLUSIVE
-    assert plan.node_layout_spec("batch").gpus[0].uuid == A100.uuid
+    assert by_node["batch"].unmanaged, "a GPU no policy selects gets no layout: it is left as it is"
+    assert by_node["batch"].layout is None
+    assert by_node["batch"].error is None
+    assert plan.node_layout_spec("batch").gpus == []
+    assert not by_node["inference"].unmanaged
     assert [p.gpu.uuid for p in plan.of_policy("inf")] == [H100.uuid]
 
 

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
 from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
 
 __all__ = ["claim_template", "on_node", "pod_with_claim"]
@@ -81,3 +83,45 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
 def delete_pod_now(cluster: LocalCluster, namespace: str, pod_name: str) -> None:
     """There is no kubelet to finish a graceful delete: remove the Pod at once."""
     cluster.kubectl("delete", "pod", pod_name, "-n", namespace, "--grace-period=0", "--force", "--wait=false")
+
+
+def policy(name: str, label: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A SharingPolicy selecting the nodes labelled ``tessera.dev/test=<label>``."""
+    return {
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "SharingPolicy",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {"tessera.dev/test": label}}, **spec},
+    }
+
+
+def gpu_node(cluster: LocalCluster, tessera: TesseraProcesses, name: str, label: str, simulate: str) -> TesseraProcess:
+    """A kubelet-less Node labelled for ``policy(..., label, ...)`` with a simulated agent."""
+    cluster.add_node(name, labels={"tessera.dev/test": label})
+    return tessera.agent(name, simulate)
+
+
+async def wait_devices(cluster: LocalCluster, node: str, predicate: Any, what: str, timeout: float = 60) -> Any:
+    return await wait_for(lambda: predicate(node_devices(cluster, node)), timeout=timeout, message=what)
+
+
+async def wait_policy(
+    cluster: LocalCluster, name: str, type_: str, status: str, timeout: float = 60, **counts: int
+) -> dict[str, Any]:
+    """Wait until the policy's condition ``type_`` has ``status`` and its status counts match."""
+
+    def ready() -> dict[str, Any] | None:
+        body = get_or_none(cluster, "sharingpolicy", name)
+        c = condition(body, type_)
+        if body is None or c is None or c["status"] != status:
+            return None
+        return body if all(body["status"].get(k) == v for k, v in counts.items()) else None
+
+    result: dict[str, Any] = await wait_for(ready, timeout=timeout, message=f"{name} {type_}={status} {counts}")
+    return result
+
+
+def mig_profiles(devices: dict[str, dict[str, Any]]) -> list[str]:
+    return sorted(
+        d["attributes"]["migProfile"]["string"] for d in devices.values() if "migProfile" in d.get("attributes", {})
+    )

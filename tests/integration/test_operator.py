@@ -5,7 +5,6 @@ layouts, the operator publishes ResourceSlices, and the scheduler allocates from
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
-from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
+from tessera.localcluster.processes import TesseraProcesses
 from tessera.models.quantity import parse_quantity
 from tests.integration.kube_helpers import (
     DRIVER,
@@ -26,67 +25,21 @@ from tests.integration.kube_helpers import (
     delete_pod_now,
     get,
     get_or_none,
+    gpu_node,
+    mig_profiles,
     node_devices,
     node_slices,
     on_node,
     pod_with_claim,
+    policy,
     unschedulable,
+    wait_devices,
+    wait_policy,
 )
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tessera(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TesseraProcesses]:
-    cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
-    processes = TesseraProcesses(cluster, tmp_path_factory.mktemp("tessera"))
-    processes.operator()
-    try:
-        yield processes
-    finally:
-        processes.stop_all()
-
-
-def policy(name: str, label: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "tessera.dev/v1alpha1",
-        "kind": "SharingPolicy",
-        "metadata": {"name": name},
-        "spec": {"nodeSelector": {"matchLabels": {"tessera.dev/test": label}}, **spec},
-    }
-
-
-def gpu_node(cluster: LocalCluster, tessera: TesseraProcesses, name: str, label: str, simulate: str) -> TesseraProcess:
-    cluster.add_node(name, labels={"tessera.dev/test": label})
-    return tessera.agent(name, simulate)
-
-
-async def wait_devices(cluster: LocalCluster, node: str, predicate: Any, what: str, timeout: float = 60) -> Any:
-    return await wait_for(lambda: predicate(node_devices(cluster, node)), timeout=timeout, message=what)
-
-
-async def wait_policy(
-    cluster: LocalCluster, name: str, type_: str, status: str, timeout: float = 60, **counts: int
-) -> dict[str, Any]:
-    """Wait until the policy's condition ``type_`` has ``status`` and its status counts match."""
-
-    def ready() -> dict[str, Any] | None:
-        body = get_or_none(cluster, "sharingpolicy", name)
-        c = condition(body, type_)
-        if body is None or c is None or c["status"] != status:
-            return None
-        return body if all(body["status"].get(k) == v for k, v in counts.items()) else None
-
-    result: dict[str, Any] = await wait_for(ready, timeout=timeout, message=f"{name} {type_}={status} {counts}")
-    return result
-
-
-def mig_profiles(devices: dict[str, dict[str, Any]]) -> list[str]:
-    return sorted(
-        d["attributes"]["migProfile"]["string"] for d in devices.values() if "migProfile" in d.get("attributes", {})
-    )
 
 
 async def test_static_mig_policy_publishes_partitions_and_a_3g_claim_is_scheduled(

@@ -16,6 +16,16 @@ from prometheus_client import start_http_server
 from tessera.log import configure_logging
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"{text} s is out of range: give 0 to 60 seconds")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: $KUBECONFIG, else in-cluster")
@@ -23,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="liveness probe at /healthz (0: off)")
     parser.add_argument("--metrics-port", type=int, default=int(env("TESSERA_METRICS_PORT", "9090")),
                         help="Prometheus metrics at /metrics (0: off)")
+    parser.add_argument("--handover-grace", type=_seconds, default=_seconds(env("TESSERA_HANDOVER_GRACE", "1")),
+                        help="seconds between tainting devices that will change and re-reading the claims "
+                        "(scheduling cycles under way finish first); default 1")
     parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "info"))
     parser.add_argument("--log-json", action="store_true", default=env("TESSERA_LOG_JSON") == "1",
                         help="JSON logs even on a terminal")
@@ -32,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, json=True if args.log_json else None)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
+    os.environ["TESSERA_HANDOVER_GRACE"] = str(args.handover_grace)  # read by the startup handler
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0")  # scraped from the pod network
     from tessera.controller.handlers import registry  # imports kopf handlers only when running

@@ -124,6 +124,8 @@ def _layout_text(plan: GpuPlan) -> str:
 
 
 def _note(plan: GpuPlan) -> str:
+    if plan.unmanaged:
+        return "no policy selects it: unmanaged, left exactly as it is"
     if plan.error is not None:
         return f"{plan.error.reason.value}: {plan.error.message}"
     if len(plan.candidates) > 1:

@@ -2,10 +2,14 @@
 drain first, and the Pods to evict when a drain in ``Evict`` mode times out.
 
 Pure: the fleet view and a clock in, a :class:`NodeDecision` out. Allocated devices count
-as in use for the planner, so a new layout keeps allocated MIG instances where it can; a
-GPU whose new layout would still change or remove an allocated device keeps its old layout
-and drains: its changing devices are tainted and the new layout waits until no claim holds
-them. Not for: I/O.
+as in use for the planner, so a new layout keeps allocated MIG instances where it can.
+
+The handover: a GPU whose new layout changes or removes a published device keeps its old
+layout in the spec and *hands over* first (a :class:`DrainState`): its changing devices are
+tainted. The new layout is written only once the runtime says those devices were published
+tainted and then checked against claims read after that write (``cleared``), and no claim
+holds them in either view (the watch's or that fresh read's). Until then a GPU whose devices
+a claim holds drains. Not for: I/O.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from tessera.controller.state import ClaimHold, DrainState, Fleet, NodeView
 from tessera.dra.devices import build_gpu_devices
-from tessera.models.devices import DeviceKind, DeviceRef
+from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
 from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec, NodeLayoutStatus
 from tessera.models.policy import DrainMode, DrainSpec, Strategy
 from tessera.planner.fleet import FleetPlan, GpuPlan, NodeInventory, plan_fleet
@@ -42,12 +46,34 @@ class GpuDecision:
 
 
 @dataclass(frozen=True)
+class MissingDevice:
+    """A claim allocated a device of this node that its agent no longer reports: whatever
+    removed it, the claim's Pods cannot use it, and a person must hear of it."""
+
+    node: str
+    device: str
+    claim: ClaimHold
+    gpu_index: int | None  # the GPU the device name points at (None: not a Tessera name)
+    policy: str | None  # the policy that governs that GPU now
+
+    def describe(self) -> str:
+        pods = ", ".join(f"{ns}/{name}" for ns, name in self.claim.pods) or "no Pod yet"
+        return (
+            f"ResourceClaim {self.claim.key} is allocated {self.device} on {self.node}, which no longer exists "
+            f"(reserved for {pods}). Pods managed by a controller (Deployment, Job, StatefulSet): delete them and "
+            "their controller makes new ones with new claims on devices that exist; otherwise delete and "
+            "recreate the claim"
+        )
+
+
+@dataclass(frozen=True)
 class NodeDecision:
     node: str
     spec: NodeLayoutSpec
     gpus: tuple[GpuDecision, ...]
     plan: FleetPlan
     evict: tuple[tuple[str, str], ...] = ()
+    missing: tuple[MissingDevice, ...] = ()
     # Set by the operator once the decision is carried out: the policies' epoch it was made
     # in, the NodeLayout generation its spec landed in, and the agent status its slices were
     # published from. A policy is Ready only on what has been published for its latest spec.
@@ -104,15 +130,24 @@ def _with_allocations(gpu: GpuStatus, held: Collection[str]) -> GpuStatus:
 
 
 def decide_node(
-    fleet: Fleet, node: str, now: float, previous_drains: Mapping[str, DrainState] | None = None
+    fleet: Fleet,
+    node: str,
+    now: float,
+    previous_drains: Mapping[str, DrainState] | None = None,
+    cleared: Mapping[str, frozenset[str]] | None = None,
+    fresh_claims: Collection[ClaimHold] = (),
 ) -> NodeDecision | None:
-    """The decision for ``node``, or None when it has no NodeLayout (no agent) yet."""
+    """The decision for ``node``, or None when it has no NodeLayout (no agent) yet.
+
+    ``cleared``: GPU UUID → devices the runtime published tainted and then checked with
+    ``fresh_claims`` (every claim as read after that write). A GPU's new layout is written only
+    when every device it changes is among them and no claim holds one."""
     view = fleet.nodes.get(node)
     if view is None or view.layout is None:
         return None
     status = view.layout.status
     gpus = list(status.gpus) if status is not None else []
-    holders = fleet.holders(node)
+    holders = fleet.holders(node, fresh_claims)
     published = {g.uuid: published_device_names(g) for g in gpus}  # built once: it is not cheap
     planned = [_with_allocations(g, [d for d in published[g.uuid] if d in holders]) for g in gpus]
     plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)])
@@ -122,7 +157,16 @@ def decide_node(
     evict: set[tuple[str, str]] = set()
     for gpu_plan, gpu in zip(plan.for_node(node), sorted(gpus, key=lambda g: (g.index, g.uuid)), strict=True):
         decision = _decide_gpu(
-            fleet, view, gpu_plan, gpu, published[gpu.uuid], current.for_gpu(gpu.uuid), holders, drains, now
+            fleet,
+            view,
+            gpu_plan,
+            gpu,
+            published[gpu.uuid],
+            current.for_gpu(gpu.uuid),
+            holders,
+            drains,
+            (cleared or {}).get(gpu.uuid, frozenset()),
+            now,
         )
         decisions.append(decision)
         drain = decision.drain
@@ -131,7 +175,34 @@ def decide_node(
                 hold = fleet.claims.get(claim)
                 evict.update(hold.pods if hold else ())
     spec = NodeLayoutSpec(gpus=sorted((d.written for d in decisions if d.written is not None), key=lambda g: g.uuid))
-    return NodeDecision(node, spec, tuple(decisions), plan, tuple(sorted(evict)))
+    missing = _missing_devices(node, status, published, holders, decisions)
+    return NodeDecision(node, spec, tuple(decisions), plan, tuple(sorted(evict)), missing)
+
+
+def _missing_devices(
+    node: str,
+    status: NodeLayoutStatus | None,
+    published: Mapping[str, frozenset[str]],
+    holders: Mapping[str, list[ClaimHold]],
+    decisions: Collection[GpuDecision],
+) -> tuple[MissingDevice, ...]:
+    """Allocated devices of ``node`` that its agent's status does not have (nothing can be
+    said before the agent has reported)."""
+    if status is None:
+        return ()
+    exists = frozenset().union(*published.values())
+    policy_of = {d.index: d.policy for d in decisions}
+    out = []
+    for device, holds in sorted(holders.items()):
+        if device in exists:
+            continue
+        try:
+            index: int | None = parse_device_name(device).gpu_index
+        except ValueError:
+            index = None
+        for hold in sorted(holds, key=lambda h: h.key):
+            out.append(MissingDevice(node, device, hold, index, policy_of.get(index) if index is not None else None))
+    return tuple(out)
 
 
 def _drain_spec(fleet: Fleet, decision: GpuDecision) -> DrainSpec:
@@ -148,10 +219,16 @@ def _decide_gpu(
     current: GpuLayout | None,
     holders: Mapping[str, list[ClaimHold]],
     drains: Mapping[str, DrainState],
+    cleared: frozenset[str],
     now: float,
 ) -> GpuDecision:
     target = gpu_plan.layout
     error = None
+    if gpu_plan.policy is None and gpu_plan.error is None:
+        # Unmanaged: no policy selects the GPU, so it stays exactly as it is. A layout a
+        # deleted policy left in the spec stays too (without its policy): nothing is undone.
+        kept = current.model_copy(update={"policy": None}) if current is not None else None
+        return GpuDecision(gpu.uuid, gpu.index, None, kept, kept)
     if target is None and gpu_plan.error is not None:
         if gpu_plan.error.reason is PlanErrorReason.BLOCKED and gpu_plan.error.when_idle is not None:
             target = gpu_plan.error.when_idle  # wanted once the devices in the way are free
@@ -164,7 +241,7 @@ def _decide_gpu(
     if target == current:
         return replace(base, changing=changed)
     held_by = sorted({h.key for d in changed for h in holders.get(d, [])})
-    if not held_by:
+    if not held_by and changed <= cleared:  # nothing published changes, or it was handed over
         return GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, target, error, changing=changed)
     previous = drains.get(gpu.uuid)
     since = previous.since if previous is not None and previous.target == target else now
@@ -179,6 +256,6 @@ def _decide_gpu(
         devices=changed,
         claims=tuple(held_by),
         since=since,
-        timed_out=now - since >= timeout,
+        timed_out=bool(held_by) and now - since >= timeout,
     )
     return GpuDecision(gpu.uuid, gpu.index, gpu_plan.policy, target, current, error, drain)

@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 
 from tessera import API_GROUP
-from tessera.controller.runtime import Controller
+from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, Controller
 from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL
 from tessera.kube.client import make_api_client
 from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, SLICES, Api
@@ -49,7 +49,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 5, 10]
     api_client = await make_api_client(os.environ.get("KUBECONFIG"))
-    controller = Controller(Api(api_client))
+    grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
+    controller = Controller(Api(api_client), handover_grace=grace)
     memo.controller = controller
     memo.api_client = api_client
     await controller.start()
@@ -79,7 +80,7 @@ async def policy_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
 async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
     controller = _controller(memo)
     controller.fleet.remove_policy(name)
-    controller.policies_changed()  # its GPUs fall back to the next policy, or to Exclusive
+    controller.policies_changed()  # its GPUs fall to the next policy, or stay as they are (unmanaged)
 
 
 # -- Nodes, NodeLayouts, ResourceClaims ----------------------------------------------------

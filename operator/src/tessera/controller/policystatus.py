@@ -29,6 +29,7 @@ class PolicyTally:
     errors: tuple[str, ...]
     draining: tuple[str, ...]
     timed_out: tuple[str, ...]
+    missing: tuple[str, ...] = ()  # claims allocated devices that no longer exist
 
 
 def _applied(fleet: Fleet, node: NodeDecision, decision: GpuDecision) -> bool:
@@ -70,8 +71,10 @@ def tally(
     errors: list[str] = []
     draining: list[str] = []
     timed_out: list[str] = []
+    missing: list[str] = []
     for decision in sorted(decisions, key=lambda d: d.node):
         conflicts.extend(decision.plan.conflicts_of(policy))
+        missing.extend(m.describe() for m in decision.missing if m.policy == policy)
         if policy in decision.plan.policy_errors:
             errors.append(decision.plan.policy_errors[policy])
         errors.extend(_selector_errors(policy, decision))
@@ -83,13 +86,13 @@ def tally(
             devices += fleet.published_by_gpu.get((decision.node, gpu.uuid), 0)
             if gpu.error:
                 errors.append(f"{decision.node} GPU {gpu.index}: {gpu.error}")
-            if gpu.drain is not None:
+            if gpu.drain is not None and gpu.drain.claims:  # a handover with no claim is not a drain
                 (timed_out if gpu.drain.timed_out else draining).append(gpu.drain.describe())
             if not spec_pending.get(decision.node, False) and _applied(fleet, decision, gpu):
                 applied += 1
     return PolicyTally(
         len(nodes), gpus, applied, devices, tuple(conflicts), tuple(dict.fromkeys(errors)), tuple(draining),
-        tuple(timed_out),
+        tuple(timed_out), tuple(missing),
     )
 
 
@@ -105,7 +108,11 @@ def policy_status(
     generation = policy.metadata.generation
     conditions = list(previous.conditions) if previous is not None else []
     problems = ((parse_error,) if parse_error else ()) + t.errors
-    if problems:
+    if t.missing:  # first: a workload has lost its device, whatever else is wrong
+        conditions = set_condition(
+            conditions, "Degraded", True, "AllocatedDeviceMissing", _first(t.missing), generation
+        )
+    elif problems:
         conditions = set_condition(conditions, "Degraded", True, "PlanFailed", _first(problems), generation)
     elif t.timed_out:
         conditions = set_condition(
@@ -133,7 +140,7 @@ def policy_status(
     elif t.applied == t.gpus:
         reason, message, ready = "Applied", f"{t.applied}/{where}", True
     else:
-        reason = "Degraded" if problems or t.timed_out else ("Draining" if waiting else "Applying")
+        reason = "Degraded" if problems or t.timed_out or t.missing else ("Draining" if waiting else "Applying")
         message, ready = f"{t.applied}/{where} applied", False
     conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
     order = {"Ready": 0, "Progressing": 1, "Degraded": 2}

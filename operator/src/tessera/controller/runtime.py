@@ -5,9 +5,18 @@ Watch events (from the Kopf handlers in ``tessera.controller.handlers``) update 
 :class:`~tessera.controller.state.Fleet` and enqueue the nodes they touch; the loop decides
 (pure), then writes only what differs: NodeLayout.spec, the node's ResourceSlices (the
 fewest writes, see ``tessera.dra.diff``), evictions for timed-out ``Evict`` drains, and —
-debounced — every SharingPolicy status. Failed reconciles are retried with backoff. Several
-nodes are reconciled at once (``workers``): a reconcile mostly waits for API round trips, so
-one at a time would publish a large fleet at the speed of the apiserver's latency.
+debounced — every SharingPolicy status.
+
+The handover, so that no claim ends up on a device that is about to go: a change to a GPU's
+published devices is (a) published first as those devices tainted ``NoSchedule`` — the write
+acknowledged; then, after a grace for scheduling cycles already under way, (b) the claims are
+read again, directly (a list after that moment, shared by every node waiting for one), and
+only when neither that read nor the watch shows a claim holding them is (c) the new layout
+written to NodeLayout.spec. The agent checks the claims once more before it destroys anything.
+
+Failed reconciles are retried with backoff. Several nodes are reconciled at once
+(``workers``): a reconcile mostly waits for API round trips, so one at a time would publish a
+large fleet at the speed of the apiserver's latency.
 Not for: deciding (``decide``, ``policystatus``) or building slices (``tessera.dra``).
 """
 
@@ -16,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -24,9 +33,9 @@ import structlog
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge, Histogram
 
-from tessera.controller.decide import NodeDecision, decide_node
+from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
 from tessera.controller.policystatus import policy_status, tally, transitions
-from tessera.controller.state import DrainState, Fleet
+from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
 from tessera.dra.devices import build_gpu_devices
 from tessera.dra.diff import orphaned_slices, plan_slice_writes
 from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, build_slices_from_devices
@@ -41,13 +50,62 @@ RECONCILE_SECONDS = Histogram("tessera_operator_reconcile_seconds", "Time to rec
 API_WRITES = Counter("tessera_operator_api_writes_total", "API writes the operator made", ["what"])
 STATUS_PASSES = Counter("tessera_operator_policy_status_passes", "Passes over every SharingPolicy status")
 DRAINING = Gauge("tessera_operator_draining_gpus", "GPUs waiting for claims to release their devices")
+MISSING = Gauge(
+    "tessera_operator_claims_on_missing_devices", "Allocated claim devices that their node no longer has"
+)
+CLAIM_READS = Counter("tessera_operator_claim_reads_total", "Direct reads of every ResourceClaim for a handover")
+
+DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims read that may clear it
+
+
+class FreshClaims:
+    """Every ResourceClaim's hold, read directly from the API, no older than a given moment.
+
+    Many nodes waiting at once share one read: a caller gets the result of a list that was
+    started at or after the moment it names, joining one in flight when it qualifies."""
+
+    def __init__(self, read: Callable[[], Awaitable[list[dict[str, Any]]]]) -> None:
+        self._read = read
+        self._last: tuple[float, list[ClaimHold]] | None = None
+        self._inflight: tuple[float, asyncio.Task[list[ClaimHold]]] | None = None
+
+    async def since(self, moment: float) -> list[ClaimHold]:
+        while True:
+            if self._last is not None and self._last[0] >= moment:
+                return self._last[1]
+            if self._inflight is not None:
+                started, task = self._inflight
+                holds = await asyncio.shield(task)
+                if started >= moment:
+                    return holds
+                continue
+            started = time.monotonic()
+            task = asyncio.create_task(self._list(started))
+            self._inflight = (started, task)
+
+    async def _list(self, started: float) -> list[ClaimHold]:
+        try:
+            CLAIM_READS.inc()
+            holds = [h for body in await self._read() if (h := claim_hold(body)) is not None]
+            self._last = (started, holds)
+            return holds
+        finally:
+            self._inflight = None
 
 class Controller:
     """Owns the fleet view, the queue, and every write."""
 
-    def __init__(self, api: Api, fleet: Fleet | None = None, workers: int = 8) -> None:
+    def __init__(
+        self, api: Api, fleet: Fleet | None = None, workers: int = 8, handover_grace: float = DEFAULT_HANDOVER_GRACE
+    ) -> None:
         self.api = api
         self.fleet = fleet or Fleet()
+        self.handover_grace = handover_grace
+        self.fresh_claims = FreshClaims(lambda: api.list_all(*CLAIMS))
+        # node -> GPU UUID -> (devices published tainted, when that write was acknowledged)
+        self._tainted: dict[str, dict[str, tuple[frozenset[str], float]]] = {}
+        self._missing_reported: dict[str, set[tuple[str, str]]] = {}  # node -> (claim, device) told
+        self._missing_counts: dict[str, int] = {}
         self.decisions: dict[str, NodeDecision] = {}
         self.slices: dict[str, list[dict[str, Any]]] = {}  # pool -> our slices as the API returned them
         self.evicted: set[tuple[str, str]] = set()
@@ -90,9 +148,14 @@ class Controller:
         self._status_dirty.set()
 
     def _later(self, node: str, delay: float) -> None:
-        if (old := self._timers.pop(node, None)) is not None:
+        """Reconcile ``node`` again after ``delay``, unless it is already due back sooner."""
+        loop = asyncio.get_running_loop()
+        old = self._timers.get(node)
+        if old is not None and loop.time() < old.when() <= loop.time() + delay:
+            return
+        if old is not None:
             old.cancel()
-        self._timers[node] = asyncio.get_running_loop().call_later(delay, self.enqueue, node)
+        self._timers[node] = loop.call_later(delay, self.enqueue, node)
 
     async def start(self) -> None:
         await self.prime()
@@ -199,16 +262,34 @@ class Controller:
             log.warning("cannot read the NodeLayout; leaving the node as it is", node=node, error=view.layout_error)
             return
         previous = self.decisions.get(node)
-        decision = decide_node(self.fleet, node, time.monotonic(), previous.drains if previous else None)
+        drains = previous.drains if previous else None
+        decision = decide_node(self.fleet, node, time.monotonic(), drains)
         if decision is None:  # no agent has reported here (yet): nothing of ours should be published
             await self._publish(node, view.uid, None, frozenset())
             self.decisions.pop(node, None)
+            self._tainted.pop(node, None)
             self._set_draining(node, 0)
+            self._report_missing(node, ())
             self.status_changed()
             return
         epoch = self.policy_epoch
         layout = view.layout
         assert layout is not None  # decide_node returned a decision
+        # (a) Taint what the new layouts change, and know when that write was acknowledged.
+        await self._publish(node, view.uid, layout.status, decision.draining_devices)
+        cleared = self._handed_over(node, decision)
+        if cleared:
+            # (b) Claims as new as the taint, then decide again with them: only GPUs whose
+            # changing devices were all tainted and that no claim holds get their new layout.
+            fresh = await self.fresh_claims.since(max(at for _, at in cleared.values()))
+            decision = decide_node(
+                self.fleet, node, time.monotonic(), drains, {u: d for u, (d, _) in cleared.items()}, fresh
+            )
+            if decision is None:
+                return  # the NodeLayout went while we read; its deletion enqueues the node again
+            layout = view.layout
+            assert layout is not None
+        # (c) The new spec; devices it replaces stay tainted until the agent reports them gone.
         generation = layout.metadata.generation
         if decision.spec != layout.spec:
             body = await self._write(
@@ -228,15 +309,66 @@ class Controller:
                 self.evicted.add((namespace, pod))
                 log.info("evicted a Pod to finish a drain", pod=f"{namespace}/{pod}", node=node)
         for drain in decision.drains.values():
-            if not drain.timed_out:
+            if drain.claims and not drain.timed_out:
                 self._later(node, self._drain_deadline(drain) - time.monotonic() + 0.05)
         for uuid, drain in decision.drains.items():
-            if previous is None or uuid not in previous.drains:
+            if drain.claims and (previous is None or uuid not in previous.drains or not previous.drains[uuid].claims):
                 log.info("draining GPU before changing its layout", node=node, gpu=drain.gpu_index,
                          waiting_for=drain.describe())
         self.decisions[node] = decision
-        self._set_draining(node, len(decision.drains))
+        self._set_draining(node, sum(1 for d in decision.drains.values() if d.claims))
+        self._report_missing(node, decision.missing)
+        for missing in decision.missing:
+            key = (missing.claim.key, missing.device)
+            if key not in self._missing_reported.setdefault(node, set()):
+                self._missing_reported[node].add(key)
+                log.error("a claim is allocated a device that no longer exists", node=node, claim=missing.claim.key,
+                          device=missing.device)
+                claim = {
+                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": missing.claim.name, "namespace": missing.claim.namespace,
+                                 "uid": missing.claim.uid},
+                }
+                await self._write("event", self.api.post_event(claim, "Warning", "AllocatedDeviceMissing",
+                                                               missing.describe()))
         self.status_changed()
+
+    def _handed_over(self, node: str, decision: NodeDecision) -> dict[str, tuple[frozenset[str], float]]:
+        """GPUs whose changing devices have been published tainted for at least the grace and
+        that no claim in the watch's view holds: ready for the fresh read. Others are tracked,
+        and the node comes back when their grace is over."""
+        now = time.monotonic()
+        tainted = self._tainted.setdefault(node, {})
+        handing = {uuid: drain for uuid, drain in decision.drains.items() if not drain.claims}
+        for uuid in [u for u in tainted if u not in decision.drains]:
+            del tainted[uuid]  # settled, or it became something else: a new handover starts afresh
+        ready: dict[str, tuple[frozenset[str], float]] = {}
+        for uuid, drain in handing.items():
+            known = tainted.get(uuid)
+            if known is None or not drain.devices <= known[0]:
+                known = tainted[uuid] = (drain.devices, now)  # published just now by the caller
+            due = known[1] + self.handover_grace
+            if due <= now:
+                ready[uuid] = (known[0], due)
+            else:
+                self._later(node, due - now)  # the earliest due wins
+        if not tainted:
+            self._tainted.pop(node, None)
+        return ready
+
+    def _report_missing(self, node: str, missing: Iterable[MissingDevice]) -> None:
+        """Forget what was told of claims no longer missing; keep the gauge without summing
+        over every node on each reconcile."""
+        current = {(m.claim.key, m.device) for m in missing}
+        told = self._missing_reported.get(node)
+        if told is not None:
+            told &= current
+            if not told:
+                del self._missing_reported[node]
+        self._missing_counts[node] = len(current)
+        if not current:
+            del self._missing_counts[node]
+        MISSING.set(sum(self._missing_counts.values()))
 
     def _set_draining(self, node: str, gpus: int) -> None:
         """Keep the gauge without summing over every node's decision on each reconcile."""
@@ -320,7 +452,9 @@ class Controller:
             meta = item["metadata"]
             await self._write("resourceslice/delete", self.api.delete_slice(meta["name"], meta.get("uid")))
         self.decisions.pop(node, None)
+        self._tainted.pop(node, None)
         self._set_draining(node, 0)
+        self._report_missing(node, ())
         self.fleet.remove_node(node)
         self.status_changed()
 

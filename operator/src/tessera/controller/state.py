@@ -9,8 +9,9 @@ Not for: deciding anything (``tessera.controller.decide``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,6 +31,7 @@ class ClaimHold:
     name: str
     devices: frozenset[DeviceKey]
     pods: tuple[tuple[str, str], ...]  # (namespace, name) of the Pods it is reserved for
+    uid: str = ""
 
     @property
     def key(self) -> str:
@@ -53,12 +55,13 @@ def claim_hold(body: Mapping[str, Any]) -> ClaimHold | None:
             if ref.get("resource") == "pods" and ref.get("name")
         )
     )
-    return ClaimHold(str(meta.get("namespace", "")), str(meta.get("name", "")), devices, pods)
+    return ClaimHold(str(meta.get("namespace", "")), str(meta.get("name", "")), devices, pods, str(meta.get("uid", "")))
 
 
 @dataclass(frozen=True)
 class DrainState:
-    """A GPU whose new layout waits until no claim holds the devices it would change."""
+    """A GPU whose new layout waits until the devices it would change are handed over: tainted,
+    checked against fresh claims, and held by none. ``claims`` empty: the handover itself."""
 
     node: str
     gpu_uuid: str
@@ -195,12 +198,13 @@ class Fleet:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def holders(self, node: str) -> dict[str, list[ClaimHold]]:
-        """Device name → the claims that hold it, for one node's pool."""
+    def holders(self, node: str, fresh: Iterable[ClaimHold] = ()) -> dict[str, list[ClaimHold]]:
+        """Device name → the claims that hold it, for one node's pool: by the watch's view and
+        by ``fresh`` (claims read directly), so a device either view sees held counts as held."""
         out: dict[str, list[ClaimHold]] = defaultdict(list)
-        for hold in self.claims.values():
+        for hold in chain(self.claims.values(), fresh):
             for pool, device in hold.devices:
-                if pool == node:
+                if pool == node and hold not in out[device]:
                     out[device].append(hold)
         return out
 

@@ -36,6 +36,8 @@ the scheduler can neither overlap two placements nor exceed the GPU's compute sl
 place two ``+me`` instances. 25 devices per 8-slice GPU. Placements that overlap a MIG
 instance that was not made for a claim (left from a static layout) are not published.
 
+Every device carries ``managed`` (bool): whether the layout in force is a SharingPolicy's.
+
 Taints: a GPU whose health is not Healthy taints every device of it with
 ``gpu.tessera.dev/unhealthy`` (value: the health) NoSchedule; a GPU or device being drained
 gets ``tessera.dev/repartition`` NoSchedule. They exist only while their cause does. No
@@ -196,6 +198,12 @@ def _device(
     return device
 
 
+def _managed(gpu: GpuStatus) -> dict[str, Attribute]:
+    """``managed``: whether the layout in force is a SharingPolicy's. An unmanaged GPU (no
+    policy selects it, or its policy went) is published as it is and never changed."""
+    return {"managed": {"bool": gpu.policy is not None}}
+
+
 def _share_attributes(attrs: dict[str, Attribute], sharing: ShareStrategy | None) -> dict[str, Attribute]:
     if sharing is None:
         return attrs
@@ -214,7 +222,7 @@ def whole_gpu_device(gpu: GpuStatus, draining: Collection[str] = ()) -> Device:
     """The whole GPU as one device: Exclusive, or shared by TimeSlicing / MPS."""
     name = gpu_device_name(gpu.index)
     sharing = _gpu_sharing(gpu)
-    attrs = _share_attributes(whole_gpu_attributes(gpu), sharing)
+    attrs = _share_attributes({**whole_gpu_attributes(gpu), **_managed(gpu)}, sharing)
     if gpu.multiprocessors:
         attrs["multiprocessors"] = {"int": gpu.multiprocessors}
     total = memory_bytes(gpu.memory_mib)
@@ -231,6 +239,7 @@ def _mig_attributes(gpu: GpuStatus, profile: str, start: int, size: int, multipr
         "migStart": {"int": start},
         "migSize": {"int": size},
         "strategy": {"string": gpu.strategy.value},
+        **_managed(gpu),
     }
     if multiprocessors:
         attrs["multiprocessors"] = {"int": multiprocessors}

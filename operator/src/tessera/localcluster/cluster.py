@@ -65,6 +65,7 @@ class _Process:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    argv: list[str] = field(default_factory=list)
 
     def tail(self, lines: int = 30) -> str:
         try:
@@ -115,7 +116,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, argv: list[str]) -> _Process:
         log = self.workdir / f"{name}.log"
-        with log.open("wb") as out:
+        with log.open("ab") as out:
             popen = subprocess.Popen(
                 argv,
                 stdout=out,
@@ -124,9 +125,25 @@ class LocalCluster:
                 preexec_fn=_die_with_parent,
                 cwd=self.workdir,
             )
-        process = _Process(name, popen, log)
+        process = _Process(name, popen, log, argv)
         self._processes.append(process)
         return process
+
+    def kill_apiserver(self) -> None:
+        """SIGKILL kube-apiserver: a crash, as its clients see it (fault-injection tests)."""
+        process = next(p for p in self._processes if p.name == "kube-apiserver")
+        if process.popen.poll() is None:
+            process.popen.kill()
+            process.popen.wait()
+
+    def start_apiserver(self, timeout: float = 60.0) -> None:
+        """Start kube-apiserver again, same port and flags, after ``kill_apiserver``."""
+        old = next(p for p in self._processes if p.name == "kube-apiserver")
+        if old.popen.poll() is None:
+            return
+        self._processes.remove(old)
+        process = self._spawn(old.name, old.argv)
+        self._wait(self._apiserver_ready, process, time.monotonic() + timeout, "kube-apiserver /readyz")
 
     def _start(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

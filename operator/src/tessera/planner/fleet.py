@@ -5,7 +5,7 @@ policies and nodes (name, labels, GPUs as their agents report them) in, a :class
 out. A policy selects a GPU when its ``nodeSelector`` matches the node's labels and its
 ``gpuSelector`` (CEL) accepts the GPU; where several select one GPU the highest priority
 wins, then the name that sorts first, and every loser is recorded as a conflict. A GPU no
-policy selects is planned ``Exclusive`` with no policy. Pure and deterministic: the same
+policy selects is unmanaged: no policy, no layout, no error — it is left as it is. Pure and deterministic: the same
 input gives the same output, sorted by node and GPU index.
 Not for: reading or writing Kubernetes objects (the operator does that with the result).
 """
@@ -39,7 +39,8 @@ class NodeInventory:
 @dataclass(frozen=True)
 class GpuPlan:
     """The verdict for one GPU: the winning policy (None: no policy selects it), and either
-    the layout to write to NodeLayout.spec or the error that stops it."""
+    the layout to write to NodeLayout.spec or the error that stops it. No policy, no layout
+    and no error: the GPU is unmanaged (left exactly as it is)."""
 
     node: str
     gpu: GpuStatus
@@ -52,6 +53,10 @@ class GpuPlan:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def unmanaged(self) -> bool:
+        return self.policy is None and self.layout is None and self.error is None
 
 
 @dataclass(frozen=True)
@@ -95,9 +100,6 @@ def _precedence(policy: SharingPolicy) -> tuple[int, str]:
     return (-policy.spec.priority, policy.name)
 
 
-_EXCLUSIVE = SharingPolicySpec()  # what a GPU no policy selects gets
-
-
 @dataclass
 class _Compiled:
     policy: SharingPolicy
@@ -139,11 +141,7 @@ def plan_fleet(policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory]
                     error = PlanError(PlanErrorReason.SELECTOR, f"policy {first}: {why}")
                     plans.append(GpuPlan(node.name, gpu, None, None, error, selector_errors=failed))
                     continue
-                result = _plan(memo, None, _EXCLUSIVE, gpu)
-                if isinstance(result, PlanError):
-                    plans.append(GpuPlan(node.name, gpu, None, None, result))
-                else:
-                    plans.append(GpuPlan(node.name, gpu, None, result))
+                plans.append(GpuPlan(node.name, gpu, None, None))  # unmanaged
                 continue
             winner = selecting[0]
             if len(selecting) > 1:

@@ -1,0 +1,360 @@
+"""A seeded fault campaign against the real control plane: policy churn (create, edit, delete,
+priority flips) while claims are created, allocated by the real scheduler and released, and
+the operator, the node agents and the kube-apiserver are killed (SIGKILL) and restarted at
+random points. Invariants are checked all the while:
+
+- no allocated device is destroyed: a claim whose allocation is older than its node's latest
+  agent status must find its device in that status (resourceVersions are etcd revisions, so
+  "older" is exact on this one-etcd cluster);
+- our slices are never duplicated (a device name twice in a pool) nor orphaned (a pool with
+  no Node);
+- after the faults stop, the slices converge to what the agents report (the time is measured);
+- a restarted operator with nothing new to do writes nothing.
+
+The same seed gives the same actions, faults and pauses, so a failing run can be replayed
+(the processes' own timing still varies). Not a test module itself: ``test_fault_campaign``
+runs a short campaign in CI and ``benchmarks/fault_campaign.py`` a long one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.controller.decide import published_device_names
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
+from tessera.models.layout import NodeLayout
+from tests.integration.kube_helpers import DRIVER, claim_template, on_node, pod_with_claim, policy
+
+LABEL = "campaign"
+SIMULATE = "2xH100-80GB"
+NAMESPACE = "campaign"
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "all-1g": {"strategy": "MIG", "mig": {"preset": "all-1g"}},
+    "balanced": {"strategy": "MIG", "mig": {"preset": "all-balanced"}},
+    "whole-mig": {"strategy": "MIG", "mig": {"preset": "whole"}},
+    "exclusive": {"strategy": "Exclusive"},
+    "time-sliced": {"strategy": "TimeSlicing", "timeSlicing": {"replicas": 4}},
+    "mps": {"strategy": "MPS", "mps": {"memory": {"default": "8Gi", "min": "1Gi", "step": "1Gi"}}},
+    "dynamic": {"strategy": "DynamicMIG"},
+}
+POLICY_NAMES = ("campaign-a", "campaign-b")
+ACTIONS = {  # action: weight
+    "policy-apply": 4,
+    "policy-delete": 1,
+    "priority-flip": 1,
+    "pod-create": 5,
+    "pod-delete": 3,
+    "kill-operator": 1,
+    "kill-agent": 1,
+    "kill-apiserver": 1,
+}
+FAULTS = frozenset({"kill-operator", "kill-agent", "kill-apiserver"})
+
+
+@dataclass
+class CampaignReport:
+    seed: int
+    steps: int
+    actions: Counter[str] = field(default_factory=Counter)
+    failed_actions: int = 0  # actions the API refused or could not take (the apiserver was down)
+    checks: int = 0
+    violations: list[str] = field(default_factory=list)
+    convergence: list[float] = field(default_factory=list)  # seconds from faults stopping to converged
+    restart_writes: float = -1.0
+
+    @property
+    def faults(self) -> int:
+        return sum(n for a, n in self.actions.items() if a in FAULTS)
+
+    def summary(self) -> str:
+        conv = sorted(self.convergence)
+        p50 = conv[len(conv) // 2] if conv else float("nan")
+        p99 = conv[min(len(conv) - 1, int(len(conv) * 0.99))] if conv else float("nan")
+        return (
+            f"seed {self.seed}: {self.steps} steps, {self.faults} faults injected "
+            f"({', '.join(f'{a} {n}' for a, n in sorted(self.actions.items()) if a in FAULTS)}), "
+            f"{sum(self.actions.values()) - self.faults} other actions ({self.failed_actions} refused while the "
+            f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations; "
+            f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
+            f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}"
+        )
+
+
+def _rv(body: dict[str, Any]) -> int:
+    return int(body["metadata"]["resourceVersion"])
+
+
+def check_invariants(layouts: list[dict[str, Any]], claims: list[dict[str, Any]], slices: list[dict[str, Any]],
+                     nodes: set[str]) -> list[str]:
+    """Every invariant that must hold at any instant, on one look at the cluster."""
+    problems = []
+    status_of: dict[str, tuple[int, frozenset[str]]] = {}
+    for body in layouts:
+        layout = NodeLayout.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status")
+                                            if k in body})
+        if layout.status is not None:
+            devices = frozenset().union(*(published_device_names(g) for g in layout.status.gpus))
+            status_of[layout.metadata.name] = (_rv(body), devices)
+    for claim in claims:
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+        for r in results:
+            if r.get("driver") != DRIVER or r["pool"] not in status_of:
+                continue
+            layout_rv, devices = status_of[r["pool"]]
+            if _rv(claim) < layout_rv and r["device"] not in devices:
+                meta = claim["metadata"]
+                problems.append(f"claim {meta['namespace']}/{meta['name']} holds {r['pool']}/{r['device']}, "
+                                f"which its agent's status (rv {layout_rv}) no longer has")
+    seen: dict[tuple[str, str], str] = {}
+    for s in slices:
+        pool = s["spec"]["pool"]["name"]
+        if pool not in nodes:
+            problems.append(f"slice {s['metadata']['name']} is orphaned: no Node {pool}")
+        for d in s["spec"].get("devices") or []:
+            key = (pool, d["name"])
+            if key in seen:
+                problems.append(f"device {pool}/{d['name']} is in two slices: {seen[key]} and {s['metadata']['name']}")
+            seen[key] = s["metadata"]["name"]
+    return problems
+
+
+def _kept(pool: str, mine: set[str], nodes: set[str]) -> bool:
+    return pool in mine or pool not in nodes  # the campaign's own, or an orphan
+
+
+def _ready_now(policy_body: dict[str, Any]) -> bool:
+    """Ready=True for the policy's latest generation."""
+    status = policy_body.get("status") or {}
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+    return ready and status.get("observedGeneration") == policy_body["metadata"]["generation"]
+
+
+def converged(layouts: list[dict[str, Any]], slices: list[dict[str, Any]]) -> bool:
+    """The slices publish exactly what every agent reports."""
+    published: dict[str, set[str]] = {}
+    for s in slices:
+        published.setdefault(s["spec"]["pool"]["name"], set()).update(
+            d["name"] for d in s["spec"].get("devices") or []
+        )
+    for body in layouts:
+        status = body.get("status")
+        if not status:
+            return False
+        layout = NodeLayout.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status")
+                                            if k in body})
+        assert layout.status is not None
+        want = set().union(*(published_device_names(g) for g in layout.status.gpus))
+        if published.get(layout.metadata.name, set()) != want:
+            return False
+    return True
+
+
+class Campaign:
+    def __init__(self, cluster: LocalCluster, tessera: TesseraProcesses, seed: int, nodes: int = 3) -> None:
+        self.cluster = cluster
+        self.tessera = tessera
+        self.rng = random.Random(seed)
+        self.report = CampaignReport(seed, 0)
+        self.nodes = [f"campaign-{i}" for i in range(nodes)]
+        self.pods: list[str] = []
+        self.next_pod = 0
+        self.policies: dict[str, tuple[str, int]] = {}  # name -> (layout, priority)
+        self.apiserver_up = True
+
+    # -- reading the cluster (tolerant of a dead apiserver) ---------------------------------
+
+    def _items(self, *args: str) -> list[dict[str, Any]] | None:
+        out = self.cluster.kubectl("get", "-o", "json", *args, check=False)
+        if out.returncode != 0:
+            return None
+        items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+        return items
+
+    def _look(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], set[str]] | None:
+        # Layouts before claims: a claim read later is at least as new, which the rv rule needs.
+        layouts = self._items("nodelayouts")
+        claims = self._items("resourceclaims", "-n", NAMESPACE)
+        slices = self._items("resourceslices")
+        nodes = self._items("nodes")
+        if layouts is None or claims is None or slices is None or nodes is None:
+            return None
+        # The campaign's nodes only (other test modules share the cluster), plus any orphan.
+        names = {n["metadata"]["name"] for n in nodes}
+        mine = set(self.nodes)
+        ours = [s for s in slices if s["spec"]["driver"] == DRIVER and _kept(s["spec"]["pool"]["name"], mine, names)]
+        return [b for b in layouts if b["metadata"]["name"] in mine], claims, ours, names
+
+    async def check(self) -> bool:
+        look = await asyncio.to_thread(self._look)
+        if look is None:
+            return False
+        self.report.checks += 1
+        for problem in check_invariants(*look):
+            if problem not in self.report.violations:
+                self.report.violations.append(problem)
+        return True
+
+    async def _checker(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(0.3)
+
+    # -- acting ------------------------------------------------------------------------------
+
+    def _kubectl_ok(self, *args: str, input: str | None = None) -> bool:
+        return self.cluster.kubectl(*args, input=input, check=False).returncode == 0
+
+    def _apply(self, body: dict[str, Any]) -> bool:
+        return self._kubectl_ok("apply", "-f", "-", input=json.dumps(body))
+
+    def _restart(self, name: str) -> TesseraProcess:
+        process = next(p for p in self.tessera.processes if p.name == name)
+        process.kill()
+        self.tessera.processes.remove(process)
+        if name.startswith("agent-"):
+            return self.tessera.agent(name.removeprefix("agent-"), SIMULATE)
+        return self.tessera.operator(name)
+
+    async def act(self, action: str) -> bool:
+        rng = self.rng
+        match action:
+            case "policy-apply":
+                name = rng.choice(POLICY_NAMES)
+                layout = rng.choice(sorted(LAYOUTS))
+                priority = self.policies.get(name, (layout, rng.randint(0, 10)))[1]
+                body = policy(name, LABEL, {**LAYOUTS[layout], "priority": priority})
+                if self._apply(body):
+                    self.policies[name] = (layout, priority)
+                    return True
+                return False
+            case "policy-delete":
+                if not self.policies:
+                    return True
+                name = rng.choice(sorted(self.policies))
+                ok = self._kubectl_ok("delete", "sharingpolicy", name, "--wait=false")
+                if ok:
+                    del self.policies[name]
+                return ok
+            case "priority-flip":
+                if len(self.policies) < 2:
+                    return True
+                (a, (la, pa)), (b, (lb, pb)) = sorted(self.policies.items())
+                ok = self._apply(policy(a, LABEL, {**LAYOUTS[la], "priority": pb})) and self._apply(
+                    policy(b, LABEL, {**LAYOUTS[lb], "priority": pa})
+                )
+                if ok:
+                    self.policies = {a: (la, pb), b: (lb, pa)}
+                return ok
+            case "pod-create":
+                pod = f"w-{self.next_pod}"
+                self.next_pod += 1
+                body = pod_with_claim(pod, NAMESPACE, "any", on_node(rng.choice(self.nodes)))
+                if self._apply(body):
+                    self.pods.append(pod)
+                    return True
+                return False
+            case "pod-delete":
+                if not self.pods:
+                    return True
+                pod = self.pods.pop(rng.randrange(len(self.pods)))
+                return self._kubectl_ok("delete", "pod", pod, "-n", NAMESPACE, "--grace-period=0", "--force",
+                                        "--wait=false")
+            case "kill-operator":
+                self._restart("operator")
+                return True
+            case "kill-agent":
+                self._restart(f"agent-{rng.choice(self.nodes)}")
+                return True
+            case "kill-apiserver":
+                await asyncio.to_thread(self.cluster.kill_apiserver)
+                await asyncio.sleep(rng.uniform(0.2, 2.0))
+                await asyncio.to_thread(self.cluster.start_apiserver)
+                return True
+        raise ValueError(f"unknown action {action}")
+
+    # -- the campaign --------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        self.cluster.kubectl("create", "namespace", NAMESPACE)
+        await wait_for(lambda: self._kubectl_ok("get", "serviceaccount", "default", "-n", NAMESPACE), timeout=30,
+                       message="the campaign namespace's ServiceAccount")
+        self.cluster.apply_objects([claim_template("any", NAMESPACE, "gpu.tessera.dev")])
+        for node in self.nodes:
+            self.cluster.add_node(node, labels={"tessera.dev/test": LABEL})
+            self.tessera.agent(node, SIMULATE)
+        await self.wait_converged(timeout=120)
+
+    async def wait_converged(self, timeout: float) -> float:
+        started = time.monotonic()
+
+        def done() -> bool:
+            look = self._look()
+            return look is not None and len(look[0]) >= len(self.nodes) and converged(look[0], look[2])
+
+        await wait_for(done, timeout=timeout, interval=0.3, message="the slices to converge to the agents' status")
+        return time.monotonic() - started
+
+    async def run(self, steps: int, quiet_every: int = 15) -> CampaignReport:
+        """``steps`` random actions; every ``quiet_every`` steps the faults stop and the time
+        until the slices match the agents again is measured."""
+        checker = asyncio.create_task(self._checker())
+        try:
+            names, weights = zip(*ACTIONS.items(), strict=True)
+            for step in range(steps):
+                action = self.rng.choices(names, weights)[0]
+                self.report.actions[action] += 1
+                if not await self.act(action):
+                    self.report.failed_actions += 1
+                await asyncio.sleep(self.rng.uniform(0.0, 0.4))
+                if (step + 1) % quiet_every == 0 or step == steps - 1:
+                    self.report.convergence.append(await self.wait_converged(timeout=120))
+            self.report.steps = steps
+            await self.release_everything()
+            await self.check()
+        finally:
+            checker.cancel()
+        self.report.restart_writes = await self.restart_writes()
+        return self.report
+
+    async def release_everything(self) -> None:
+        for pod in self.pods:
+            self._kubectl_ok("delete", "pod", pod, "-n", NAMESPACE, "--grace-period=0", "--force", "--wait=false")
+        self.pods.clear()
+
+        def no_claims() -> bool:
+            claims = self._items("resourceclaims", "-n", NAMESPACE)
+            return claims is not None and not claims
+
+        await wait_for(no_claims, timeout=120, interval=0.5, message="every campaign claim to go")
+        await self.wait_converged(timeout=120)
+
+        def policies_settled() -> bool:
+            items = self._items("sharingpolicies")
+            if items is None:
+                return False
+            return all(_ready_now(p) for p in items if p["metadata"]["name"] in POLICY_NAMES)
+
+        await wait_for(policies_settled, timeout=180, interval=0.5, message="every campaign policy to be Ready")
+        await self.wait_converged(timeout=120)
+
+    async def restart_writes(self) -> float:
+        """API writes a restarted operator makes when nothing changed (must be 0)."""
+        restarted = self._restart("operator")
+        layouts = self._items("nodelayouts") or []
+
+        def reconciled() -> dict[str, float] | None:
+            metrics = restarted.metrics()
+            done = metrics.get('tessera_operator_reconciles_total{result="ok"}', 0)
+            passes = metrics.get("tessera_operator_policy_status_passes_total", 0)
+            return metrics if done >= len(layouts) and passes >= 1 else None
+
+        metrics = await wait_for(reconciled, timeout=90, message="the restarted operator to reconcile every node")
+        return float(sum(v for k, v in metrics.items() if k.startswith("tessera_operator_api_writes_total")))

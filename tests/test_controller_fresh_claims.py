@@ -1,0 +1,72 @@
+"""The handover's fresh read of claims: every caller gets a list started no earlier than the
+moment it names, and callers waiting together share one list instead of one each."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from tessera.controller.runtime import FreshClaims
+from tests.controller_fleet import claim_body
+
+
+class CountingReader:
+    """Stands in for the API's list of ResourceClaims: counts calls, answers after a pause."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+        self.claims = [claim_body("held", ["gpu-0"]), claim_body("pending")]
+
+    async def __call__(self) -> list[dict[str, Any]]:
+        self.calls.append(time.monotonic())
+        await asyncio.sleep(0.05)
+        return list(self.claims)
+
+
+async def test_callers_waiting_together_share_one_list() -> None:
+    reader = CountingReader()
+    fresh = FreshClaims(reader)
+    now = time.monotonic()
+
+    results = await asyncio.gather(*(fresh.since(now) for _ in range(20)))
+
+    assert len(reader.calls) == 1
+    assert all(r == results[0] for r in results)
+    assert [h.key for h in results[0]] == ["default/held"], "only claims that hold a device of ours"
+
+
+async def test_a_list_started_before_the_moment_is_never_used() -> None:
+    reader = CountingReader()
+    fresh = FreshClaims(reader)
+    early = asyncio.create_task(fresh.since(time.monotonic()))
+    await asyncio.sleep(0.01)  # that list is under way
+    reader.claims.append(claim_body("allocated-since", ["gpu-1"]))
+    later = time.monotonic()
+
+    holds = await fresh.since(later)
+
+    await early
+    assert len(reader.calls) == 2, "the list in flight began too early: a second one was made"
+    assert reader.calls[1] >= later
+    assert "default/allocated-since" in [h.key for h in holds]
+
+
+async def test_a_failed_list_raises_for_its_callers_and_the_next_one_lists_again() -> None:
+    calls = 0
+
+    async def failing_once() -> list[dict[str, Any]]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("apiserver went away")
+        return [claim_body("held", ["gpu-0"])]
+
+    fresh = FreshClaims(failing_once)
+    with pytest.raises(ConnectionError):  # a failed read never passes for a fresh one
+        await fresh.since(time.monotonic())
+
+    holds = await fresh.since(time.monotonic())
+    assert [h.key for h in holds] == ["default/held"]
