@@ -38,6 +38,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 ATTRS = 'device.attributes["gpu.tessera.dev"]'
 NODE_A, NODE_B = "real-a", "real-b"
+CHEAP = "cheap-c"  # a kubelet-less node (a Node object and a local agent) in the same cluster
 SIMULATE = {NODE_A: "4xH100-80GB", NODE_B: "1xH200-141GB"}
 
 _why_not = real_nodes_possible()
@@ -65,6 +66,7 @@ POLICIES = [
     policy("real-mps", NODE_A, 2, {"strategy": "MPS", "mps": MPS}),
     policy("real-drain", NODE_A, 3, {"strategy": "Exclusive"}),
     policy("real-dynamic", NODE_B, None, {"strategy": "DynamicMIG"}),
+    policy("cheap-whole", CHEAP, None, {"strategy": "Exclusive"}),
 ]
 
 
@@ -97,6 +99,8 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
                 nodes[name] = RealNode.start(cluster, name)
             processes.operator()
             agents = {name: processes.agent_on(node, SIMULATE[name]) for name, node in nodes.items()}
+            cluster.add_node(CHEAP)
+            agents[CHEAP] = processes.agent(CHEAP, "1xA100-80GB")
             cluster.apply_objects(POLICIES)
             print(f"\nreal nodes up in {time.monotonic() - started:.1f}s")
             yield RealCluster(cluster, processes, nodes, agents)
@@ -160,9 +164,12 @@ def seen(real: RealCluster, namespace: str, pod: str) -> tuple[dict[str, str], l
 
 
 def claim_results(real: RealCluster, namespace: str, pod: str) -> list[dict[str, Any]]:
-    status = get(real, "pod", pod, "-n", namespace)["status"]
-    claim = get(real, "resourceclaim", status["resourceClaimStatuses"][0]["resourceClaimName"], "-n", namespace)
-    return list(claim["status"]["allocation"]["devices"]["results"])
+    """The pod's claim's allocation results; empty before the scheduler allocated it."""
+    statuses = get(real, "pod", pod, "-n", namespace)["status"].get("resourceClaimStatuses") or [{}]
+    if not statuses[0].get("resourceClaimName"):
+        return []
+    claim = get(real, "resourceclaim", statuses[0]["resourceClaimName"], "-n", namespace)
+    return list((claim.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", []))
 
 
 def device_attr(real: RealCluster, node: str, device: str, attr: str) -> str:
@@ -361,3 +368,22 @@ async def test_a_kubelet_restart_prepares_nothing_twice_and_loses_nothing(real: 
     assert [i.uuid for g in real.hardware(NODE_B).snapshot().gpus for i in g.instances] == made
     assert re.search(r"NVIDIA_VISIBLE_DEVICES=MIG-", logs(real, namespace, "kr-0"))
     await delete_pods(real, namespace, "kr-0")
+
+
+async def test_real_and_kubelet_less_nodes_mix_in_one_cluster(real: RealCluster, namespace: str) -> None:
+    await policy_ready(real, "cheap-whole")
+    await policy_ready(real, "real-whole")
+    cheap = claim_template("cheap", namespace, "whole-gpu.tessera.dev")
+    real.cluster.apply_objects([cheap, pod_with_claim("cheap-0", namespace, "cheap", on_node(CHEAP), BUSYBOX_IMAGE,
+                                                      show_devices_args(600))])
+    await wait_for(lambda: get(real, "pod", "cheap-0", "-n", namespace)["status"].get("resourceClaimStatuses"),
+                   timeout=60, message="cheap-0's claim")
+    await wait_for(lambda: claim_results(real, namespace, "cheap-0"), timeout=60, message="cheap-0 allocated",
+                   interval=0.5)
+    [result] = claim_results(real, namespace, "cheap-0")
+    assert result["pool"] == CHEAP
+    template = claim_template("whole", namespace, "whole-gpu.tessera.dev", f"{ATTRS}.index == 0")
+    await start_pods(real, namespace, NODE_A, template, ["beside-0"])
+    assert pod_phase(real, namespace, "cheap-0") == "Pending", "no kubelet runs it: it stays bound and Pending"
+    real.cluster.kubectl("delete", "pod", "cheap-0", "-n", namespace, "--grace-period=0", "--force")
+    await delete_pods(real, namespace, "beside-0")

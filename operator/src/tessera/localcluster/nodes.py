@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,7 +40,7 @@ import yaml
 from tessera.localcluster.build import LocalClusterError, cache_root
 from tessera.localcluster.cluster import _die_with_parent, free_port
 from tessera.localcluster.images import BUSYBOX_IMAGE, busybox_image, import_image
-from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries
+from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries, find_busybox, find_cni_bin_dir, find_runc
 from tessera.localcluster.pki import KUBERNETES_SERVICE_IP
 
 SUBNET_PREFIX = "10.250"
@@ -73,19 +75,37 @@ def real_nodes_possible() -> str | None:
         if shutil.which(tool) is None:
             return f"real nodes need {tool!r} on PATH"
     try:
-        from tessera.localcluster.nodebuild import find_busybox, find_cni_bin_dir, find_runc
-
         runc = find_runc()
         find_cni_bin_dir()
-        find_busybox()
+        busybox = find_busybox()
     except LocalClusterError as error:
         return str(error)
-    probe = subprocess.run([str(runc), "--root", "/run/tessera-runc-probe", "features"],
-                           capture_output=True, text=True, timeout=30, check=False)
-    if probe.returncode != 0:
-        return f"runc cannot run here: {probe.stderr.strip()[:200]}"
+    if failure := runc_run_failure(runc, busybox):
+        return f"runc cannot start a container here: {failure}"
     if shutil.which("go") is None and not (cache_root() / "bin").is_dir():
         return "real nodes need Go on PATH to build the kubelet and containerd"
+    return None
+
+
+@functools.cache
+def runc_run_failure(runc: Path, busybox: Path) -> str | None:
+    """Run ``busybox true`` in a container of its own with runc; None when it works, else why
+    not (the last line runc printed)."""
+    with tempfile.TemporaryDirectory(prefix="tessera-runc-probe-") as tmp:
+        bundle = Path(tmp)
+        (bundle / "rootfs").mkdir()
+        shutil.copy(busybox, bundle / "rootfs" / "busybox")
+        made = _run([str(runc), "spec", "--bundle", tmp], "runc spec", check=False)
+        if made.returncode != 0:
+            return made.stderr.strip().splitlines()[-1] if made.stderr.strip() else "runc spec failed"
+        config = json.loads((bundle / "config.json").read_text())
+        config["process"].update(terminal=False, args=["/busybox", "true"])
+        config["root"]["readonly"] = True
+        (bundle / "config.json").write_text(json.dumps(config))
+        ran = _run([str(runc), "--root", str(bundle / "state"), "run", "--bundle", tmp, f"tessera-probe-{os.getpid()}"],
+                   "runc run", check=False)
+        if ran.returncode != 0:
+            return ran.stderr.strip().splitlines()[-1] if ran.stderr.strip() else f"exit code {ran.returncode}"
     return None
 
 
