@@ -35,7 +35,7 @@ from tessera.dra.deviceclasses import device_classes
 from tessera.localcluster import LocalCluster, LocalClusterError, ensure_binaries
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, ExistingCluster, kubectl_for
 from tessera.localcluster.images import BUSYBOX_IMAGE
-from tessera.localcluster.nodebuild import ensure_node_binaries
+from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.processes import TesseraProcesses
 from tessera.localcluster.workloads import claim_template, pod_with_claim, show_devices_args
@@ -178,6 +178,7 @@ def _run(args: argparse.Namespace) -> int:
     folder = Path(tempfile.mkdtemp(prefix="tessera-demo-"))
     cluster: LocalCluster | None = None
     real_nodes: list[RealNode] = []
+    node_binaries: NodeBinaries | None = None
     target: LocalCluster | ExistingCluster
     why_not = "" if args.kubeconfig else ("--no-real-nodes" if args.no_real_nodes else real_nodes_possible() or "")
     if args.kubeconfig:
@@ -189,7 +190,13 @@ def _run(args: argparse.Namespace) -> int:
         target = kubectl_for(Path(args.kubeconfig), ensure_binaries())
     else:
         _say("Starting a local Kubernetes control plane (the first run builds it: a few minutes)...")
-        cluster = LocalCluster.start(ensure_binaries(), controllers=CONTROLLERS + WORKLOAD_CONTROLLERS)
+        control_plane = ensure_binaries()
+        if not why_not:
+            try:
+                node_binaries = ensure_node_binaries()  # the first run builds the kubelet and containerd
+            except LocalClusterError as error:
+                why_not = f"the kubelet or containerd could not be built: {str(error).splitlines()[0]}"
+        cluster = LocalCluster.start(control_plane, controllers=CONTROLLERS + WORKLOAD_CONTROLLERS)
         target = cluster
         nodes = list(NODES)
         if why_not:
@@ -200,10 +207,9 @@ def _run(args: argparse.Namespace) -> int:
     real = cluster is not None and not why_not
     try:
         if real and cluster is not None:
-            _say("Starting 3 real nodes: a kubelet, containerd and runc each (the first run builds them)...")
-            binaries = ensure_node_binaries()
+            _say("Starting 3 real nodes: a kubelet, containerd and runc each...")
             for node in nodes:
-                real_nodes.append(RealNode.start(cluster, node.name, labels=node.labels, binaries=binaries))
+                real_nodes.append(RealNode.start(cluster, node.name, labels=node.labels, binaries=node_binaries))
         _say("Installing the CRDs and DeviceClasses...")
         target.apply_objects([*crds().values(), *device_classes()])
         target.kubectl(

@@ -5,7 +5,8 @@ runtime really applies its CDI specs.
 Each node lives in a folder of its own and a private mount namespace (held by a ``sleep``
 made with ``unshare``) in which that folder's parts are bound over the places a node keeps
 them: ``/var/lib/kubelet`` (the kubelet's root, plugin registry and plugin sockets),
-``/var/run/cdi``, ``/run/tessera`` and ``/var/lib/tessera``. The kubelet, containerd, the
+``/var/run/cdi``, ``/run/tessera`` and ``/var/lib/tessera`` (on the host those stay empty
+folders, made as mount points). The kubelet, containerd, the
 containers and an agent started "on" the node all run in that namespace, so the agent
 DaemonSet's host paths mean the same there as on any node, and the kubelet's mounts vanish
 with the namespace. Each node gets a Linux bridge with a private /24 whose first address is
