@@ -21,7 +21,10 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m pip install --no-index --find-links /wheels tessera \
     && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 # Non-root by default (distroless's "nonroot" uid). The agent DaemonSet runs as root on purpose
-# (host folders of the kubelet; NVML), see manifests/agent.yaml.
+# (host folders of the kubelet; NVML), see manifests/agent.yaml. The uid needs a passwd entry:
+# Kopf names its peering identity after the user (getpass.getuser()), which fails without one.
+RUN groupadd --gid 65532 nonroot \
+    && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin nonroot
 USER 65532:65532
 ENTRYPOINT ["tessera"]
 CMD ["--help"]

@@ -73,14 +73,15 @@ if [ "$mode" = simulated ]; then
   say "simulated GPUs ($simulate) on every worker"
   for node in $workers; do k label --overwrite "$node" nvidia.com/gpu.present=true; done
   # The switch of manifests/agent.yaml; privileges stay as shipped (harmless without GPUs).
-  k -n tessera-system set env daemonset/tessera-agent TESSERA_BACKEND=simulated "TESSERA_SIMULATE=$simulate"
+  k -n tessera-system set env daemonset/tessera-agent TESSERA_BACKEND=simulated "TESSERA_SIMULATE=$simulate" \
+    TESSERA_SIMULATED_DEV_DIR=/var/lib/tessera/dev
 else
   say "real GPUs through NVML on nodes labelled nvidia.com/gpu.present=true"
   k get nodes -l nvidia.com/gpu.present=true -o name | grep -q . || {
     echo "no node is labelled nvidia.com/gpu.present=true: install NVIDIA's GPU feature discovery or label GPU nodes" >&2
     exit 1
   }
-  k -n tessera-system set env daemonset/tessera-agent TESSERA_BACKEND=nvml TESSERA_SIMULATE-
+  k -n tessera-system set env daemonset/tessera-agent TESSERA_BACKEND=nvml TESSERA_SIMULATE- TESSERA_SIMULATED_DEV_DIR-
 fi
 
 say "waiting for the operator and the agents"

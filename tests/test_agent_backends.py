@@ -4,6 +4,8 @@ health events, and NVML errors turned into domain errors (no driver is reported,
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -315,3 +317,25 @@ def test_the_root_complex_is_the_first_folder_under_devices() -> None:
     assert root_complex_of(target) == "pci0000:3a"
     assert root_complex_of("/sys/devices/pci0001:80/0001:80:01.0/0001:81:00.0") == "pci0001:80"
     assert root_complex_of("../../../devices/platform/foo") is None
+
+
+def test_runnable_simulated_gpus_have_character_devices_and_mps_pipe_folders(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making character devices needs root (CAP_MKNOD)")
+    dev = tmp_path / "dev"
+    mps = str(tmp_path / "mps")
+    backend = SimulatedBackend.from_spec("n", "2xH100-80GB", tmp_path / "state.json", mps, device_dir=dev)
+    made = {p.name: os.stat(p).st_rdev for p in dev.iterdir()}
+    assert sorted(made) == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia1", "nvidiactl"]
+    assert all(stat.S_ISCHR(os.stat(dev / name).st_mode) for name in made)
+    assert (os.major(made["nvidia1"]), os.minor(made["nvidia1"])) == (195, 1)
+    assert (os.major(made["nvidiactl"]), os.minor(made["nvidiactl"])) == (195, 255)
+    SimulatedBackend.from_spec("n", "2xH100-80GB", tmp_path / "state.json", mps, device_dir=dev)  # again: kept
+    pipe = backend.start_mps(backend.inventory().gpus[0].uuid)
+    assert Path(pipe).is_dir(), "the folder the CDI spec mounts exists, as a real MPS daemon's would"
+
+
+def test_without_a_device_folder_the_simulated_backend_makes_no_host_files(tmp_path: Path) -> None:
+    backend = SimulatedBackend.from_spec("n", "1xH100-80GB", None, str(tmp_path / "mps"))
+    pipe = backend.start_mps(backend.inventory().gpus[0].uuid)
+    assert not Path(pipe).exists()

@@ -146,3 +146,20 @@ def test_spec_files_are_written_whole_and_removed(tmp_path: Path) -> None:
     assert remove_claim_spec(tmp_path, UID) is True
     assert remove_claim_spec(tmp_path, UID) is False
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["nvidia.json", spec_file_name("broken")])
+
+
+def test_simulated_device_nodes_come_from_their_host_folder_at_the_usual_container_paths() -> None:
+    devices, common = build_cdi_devices(UID, [access("gpu-1", "GPU-a")], dev_root="/n/a/var-lib-tessera/dev")
+    spec = claim_spec(devices, common)
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia1", "hostPath": "/n/a/var-lib-tessera/dev/nvidia1"}
+    ]
+    assert spec["containerEdits"]["deviceNodes"][0] == {
+        "path": "/dev/nvidiactl", "hostPath": "/n/a/var-lib-tessera/dev/nvidiactl"
+    }
+    assert spec["cdiVersion"] == "0.5.0"  # hostPath needs 0.5.0
+
+
+def test_without_a_dev_root_device_nodes_are_the_hosts_own() -> None:
+    devices, common = build_cdi_devices(UID, [access("gpu-1", "GPU-a")])
+    assert claim_spec(devices, common)["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia1"}]

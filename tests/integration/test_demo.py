@@ -1,30 +1,45 @@
 """The README's first command works: ``tessera demo --exit`` starts its own control plane,
-runs the operator and three simulated nodes, and shows every workload placed and prepared."""
+runs the operator and three simulated nodes, and shows every workload placed — on real nodes
+(kubelet + containerd) with what each container printed where the machine allows them, and
+otherwise (or with ``--no-real-nodes``) prepared by the demo playing the kubelet's part."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from tessera.localcluster.nodes import real_nodes_possible
+
 pytestmark = pytest.mark.integration
 
 
-def test_demo_places_and_prepares_every_workload() -> None:
+def demo(*extra: str) -> str:
     proc = subprocess.run(
-        [sys.executable, "-m", "tessera", "demo", "--exit", "--timeout", "120"],
+        [sys.executable, "-m", "tessera", "demo", "--exit", "--timeout", "180", *extra],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+def assert_placed(out: str) -> None:
     assert "gpu-0-mig-3g-40gb-4          share shared    39.5Gi  <- vllm-0 (compute 50%, memory 20Gi)" in out
     assert "<- llama-70b-0" in out
     assert out.count("(compute 10%, memory 10Gi)") == 3, "three notebooks share the A100 through MPS"
     assert "MIG instances: 3g.71gb@0" in out, "the DynamicMIG instance is made at prepare time"
+
+
+def test_demo_without_real_nodes_places_and_prepares_every_workload() -> None:
+    out = demo("--no-real-nodes")
+    assert "No real nodes (--no-real-nodes): the demo plays the kubelet's part, no container starts." in out
+    assert_placed(out)
     cdi = [line.split() for line in out.splitlines() if "k8s.gpu.tessera.dev/claim=" in line]
     assert sorted(parts[0] for parts in cdi) == [
         "llama-70b-0",
@@ -35,3 +50,26 @@ def test_demo_places_and_prepares_every_workload() -> None:
         "vllm-0",
     ]
     assert all("error" not in " ".join(parts) for parts in cdi)
+
+
+def test_demo_on_real_nodes_shows_what_each_container_printed() -> None:
+    why_not = real_nodes_possible()
+    if why_not and os.environ.get("TESSERA_REQUIRE_REAL_NODES") != "1":
+        pytest.skip(f"no real nodes on this machine: {why_not}")
+    out = demo()
+    assert "No real nodes" not in out
+    assert_placed(out)
+    printed = out.split("What each container printed (kubectl logs)")[1]
+    rows = dict(re.findall(r"^  (\S+-\d)\s+(.*)$", printed, re.M))
+    assert sorted(rows) == ["llama-70b-0", "notebook-0", "notebook-1", "notebook-2", "trainer-0", "vllm-0"]
+    assert re.fullmatch(r"NVIDIA_VISIBLE_DEVICES=GPU-[0-9a-f-]+", rows["llama-70b-0"])
+    assert re.fullmatch(r"NVIDIA_VISIBLE_DEVICES=MIG-[0-9a-f-]+", rows["trainer-0"])
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in rows["vllm-0"]
+    assert re.search(r"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=MIG-[0-9a-f-]+=20480M", rows["vllm-0"])
+    for notebook in ("notebook-0", "notebook-1", "notebook-2"):
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10" in rows[notebook]
+        assert re.search(r"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-[0-9a-f-]+=10240M", rows[notebook])
+    devices = re.findall(r"^\s+/dev: (.*)$", printed, re.M)
+    assert len(devices) == 6
+    assert all({"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} <= set(d.split()) for d in devices)
+    assert "nvidia1" in devices[0].split(), "llama-70b-0 holds the second H100 whole"

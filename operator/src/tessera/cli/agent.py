@@ -18,7 +18,7 @@ from typing import overload
 import structlog
 
 from tessera import DRIVER_NAME
-from tessera.agent.backends.base import DeviceBackend
+from tessera.agent.backends.base import BackendError, DeviceBackend
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.health import HealthTracker
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
@@ -58,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=_env("STATE_FILE"),
         type=Path,
         help="keep the simulated hardware in this file, so it outlives the process (TESSERA_STATE_FILE)",
+    )
+    parser.add_argument(
+        "--simulated-dev-dir",
+        default=_env("SIMULATED_DEV_DIR"),
+        type=Path,
+        help="make the simulated GPUs runnable: character devices for /dev/nvidia* in this host folder, "
+        "named in the CDI specs (TESSERA_SIMULATED_DEV_DIR; needs root)",
     )
     parser.add_argument("--kubeconfig", default=_env("KUBECONFIG"), help="default: $KUBECONFIG, else in-cluster")
     parser.add_argument(
@@ -129,7 +136,8 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
             raise ValueError("--backend simulated needs --simulate SPEC, e.g. --simulate 2xH100-80GB")
         # MPS daemons are real stand-in processes, as an agent on a real node runs real ones.
         return SimulatedBackend.from_spec(
-            args.node_name, args.simulate, args.state_file, args.mps_root, mps_processes=True
+            args.node_name, args.simulate, args.state_file, args.mps_root, mps_processes=True,
+            device_dir=args.simulated_dev_dir,
         )
     from tessera.agent.backends.nvml import NvmlBackend
 
@@ -159,6 +167,7 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
                 registry_dir=args.kubelet_registry_dir,
                 plugin_dir=args.kubelet_plugin_dir,
                 cdi_dir=args.cdi_dir,
+                dev_root=args.simulated_dev_dir if isinstance(backend, SimulatedBackend) else None,
             )
             plugin_config.registry_dir.mkdir(parents=True, exist_ok=True)
             plugin_config.plugin_folder.mkdir(parents=True, exist_ok=True)
@@ -189,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         backend = make_backend(args)
-    except ValueError as e:
+    except (ValueError, BackendError) as e:
         log.error("bad agent settings", error=str(e))
         return 2
     structlog.contextvars.bind_contextvars(node=args.node_name)

@@ -1,18 +1,25 @@
 """``tessera demo``: Tessera's main job on an embedded default.
 
 Builds (first time) and starts the local control plane, installs the CRDs and DeviceClasses,
-runs the operator and three simulated GPU nodes (H100, A100, H200) as local processes,
-applies sample SharingPolicies and workloads, waits until the scheduler has placed them, and
-prints per node and GPU: the layout, the published devices, and which claims got what. It
-keeps running (with kubectl instructions) until Ctrl-C, or stops at once with ``--exit``.
-With ``--kubeconfig`` it targets an existing cluster instead, running simulated agents for
-nodes that already exist there (``--node NAME=SPEC``).
+runs the operator and three simulated GPU nodes (H100, A100, H200), applies sample
+SharingPolicies and workloads, waits until the scheduler has placed them, and prints per node
+and GPU: the layout, the published devices, and which claims got what. Where the machine
+allows real nodes (root, runc can run; ``tessera.localcluster.nodes``) the three nodes are
+real: a kubelet and containerd each, the agents run as their DaemonSet would, the Pods really
+run, and the picture ends with what each container printed (its device variables and
+``/dev/nvidia*``, read with ``kubectl logs``). Elsewhere, or with ``--no-real-nodes``, it says
+why in one line and plays the kubelet's part itself: it prepares the claims through each
+agent's plugin and shows the CDI devices a runtime would get. It keeps running (with kubectl
+instructions) until Ctrl-C, or stops at once with ``--exit``. With ``--kubeconfig`` it targets
+an existing cluster instead, running simulated agents for nodes that already exist there
+(``--node NAME=SPEC``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 import tempfile
@@ -26,9 +33,12 @@ import yaml
 from tessera.cli.kubelet_standin import ClaimRef, prepare
 from tessera.dra.deviceclasses import device_classes
 from tessera.localcluster import LocalCluster, LocalClusterError, ensure_binaries
-from tessera.localcluster.cluster import ExistingCluster, kubectl_for
+from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, ExistingCluster, kubectl_for
+from tessera.localcluster.images import BUSYBOX_IMAGE
+from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries
+from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.processes import TesseraProcesses
-from tessera.localcluster.workloads import claim_template, pod_with_claim
+from tessera.localcluster.workloads import claim_template, pod_with_claim, show_devices_args
 from tessera.models.crd import crds
 from tessera.models.quantity import format_bytes, parse_quantity
 
@@ -99,12 +109,17 @@ def _template(name: str, device_class: str, cel: str | None = None, capacity: di
     return claim_template(name, NAMESPACE, device_class, cel, capacity)
 
 
-def _pod(name: str, template: str, pool: str, image: str, args: list[str]) -> Any:
+def _pod(name: str, template: str, pool: str, image: str, args: list[str], runnable: bool = False) -> Any:
     labels = {"app": name.rstrip("-0123456789")}
+    if runnable:  # real nodes: a local image that prints what it got, then keeps running
+        image, args = BUSYBOX_IMAGE, show_devices_args(RUN_SECONDS)
     return pod_with_claim(name, NAMESPACE, template, {"pool": pool}, image, args, labels)
 
 
-def workloads() -> list[Any]:
+RUN_SECONDS = 86400
+
+
+def workloads(runnable: bool = False) -> list[Any]:
     # has() first: reading an attribute a device lacks is a CEL error, and the scheduler gives
     # up on the claim instead of skipping the device.
     attrs = 'device.attributes["gpu.tessera.dev"]'
@@ -117,12 +132,14 @@ def workloads() -> list[Any]:
         _template("whole-gpu", "whole-gpu.tessera.dev"),
         _template("notebook-10gi", "shared-gpu.tessera.dev", capacity={"memory": "10Gi"}),
         _template("mig-3g-71gb", "mig.tessera.dev", profile_is + '"3g.71gb"'),
-        _pod("vllm-0", "mig-3g-20gi", "inference", "vllm/vllm-openai:latest", ["--model", "Qwen/Qwen2.5-7B-Instruct"]),
-        _pod(
-            "llama-70b-0", "whole-gpu", "inference", "vllm/vllm-openai:latest", ["--model", "meta-llama/Llama-3.1-70B"]
-        ),
-        *(_pod(f"notebook-{i}", "notebook-10gi", "notebooks", "jupyter/pytorch-notebook:latest", []) for i in range(3)),
-        _pod("trainer-0", "mig-3g-71gb", "training", "nvcr.io/nvidia/pytorch:25.01-py3", ["python", "train.py"]),
+        _pod("vllm-0", "mig-3g-20gi", "inference", "vllm/vllm-openai:latest", ["--model", "Qwen/Qwen2.5-7B-Instruct"],
+             runnable),
+        _pod("llama-70b-0", "whole-gpu", "inference", "vllm/vllm-openai:latest",
+             ["--model", "meta-llama/Llama-3.1-70B"], runnable),
+        *(_pod(f"notebook-{i}", "notebook-10gi", "notebooks", "jupyter/pytorch-notebook:latest", [], runnable)
+          for i in range(3)),
+        _pod("trainer-0", "mig-3g-71gb", "training", "nvcr.io/nvidia/pytorch:25.01-py3", ["python", "train.py"],
+             runnable),
     ]
 
 
@@ -137,6 +154,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --kubeconfig: run a simulated agent for this existing node, e.g. gpu-1=2xH100-80GB",
     )
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the workloads to be placed")
+    parser.add_argument(
+        "--no-real-nodes",
+        action="store_true",
+        help="never start real nodes (kubelet + containerd): play the kubelet's part instead",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,7 +177,10 @@ def _run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix="tessera-demo-"))
     cluster: LocalCluster | None = None
+    real_nodes: list[RealNode] = []
+    node_binaries: NodeBinaries | None = None
     target: LocalCluster | ExistingCluster
+    why_not = "" if args.kubeconfig else ("--no-real-nodes" if args.no_real_nodes else real_nodes_possible() or "")
     if args.kubeconfig:
         nodes = [DemoNode(n.partition("=")[0], n.partition("=")[2], {}) for n in args.node]
         if not nodes or any(not n.simulate for n in nodes):
@@ -165,13 +190,26 @@ def _run(args: argparse.Namespace) -> int:
         target = kubectl_for(Path(args.kubeconfig), ensure_binaries())
     else:
         _say("Starting a local Kubernetes control plane (the first run builds it: a few minutes)...")
-        cluster = LocalCluster.start(ensure_binaries())
+        control_plane = ensure_binaries()
+        if not why_not:
+            try:
+                node_binaries = ensure_node_binaries()  # the first run builds the kubelet and containerd
+            except LocalClusterError as error:
+                why_not = f"the kubelet or containerd could not be built: {str(error).splitlines()[0]}"
+        cluster = LocalCluster.start(control_plane, controllers=CONTROLLERS + WORKLOAD_CONTROLLERS)
         target = cluster
         nodes = list(NODES)
-        for node in nodes:
-            cluster.add_node(node.name, labels=node.labels)
+        if why_not:
+            _say(f"No real nodes ({why_not}): the demo plays the kubelet's part, no container starts.")
+            for node in nodes:
+                cluster.add_node(node.name, labels=node.labels)
     processes = TesseraProcesses(target, folder)
+    real = cluster is not None and not why_not
     try:
+        if real and cluster is not None:
+            _say("Starting 3 real nodes: a kubelet, containerd and runc each...")
+            for node in nodes:
+                real_nodes.append(RealNode.start(cluster, node.name, labels=node.labels, binaries=node_binaries))
         _say("Installing the CRDs and DeviceClasses...")
         target.apply_objects([*crds().values(), *device_classes()])
         target.kubectl(
@@ -183,23 +221,36 @@ def _run(args: argparse.Namespace) -> int:
         )
         _say(f"Starting the operator and {len(nodes)} node agents (simulated GPUs)...")
         processes.operator()
-        for node in nodes:
-            processes.agent(node.name, node.simulate)
+        for index, node in enumerate(nodes):
+            if real:
+                processes.agent_on(real_nodes[index], node.simulate)
+            else:
+                processes.agent(node.name, node.simulate)
         _say("Applying SharingPolicies and workloads...")
         target.apply_objects(list(yaml.safe_load_all(POLICIES)))
-        pods = [w for w in workloads() if w["kind"] == "Pod"]
-        target.apply_objects([w for w in workloads() if w["kind"] != "Pod"])
+        pods = [w for w in workloads(real) if w["kind"] == "Pod"]
+        target.apply_objects([w for w in workloads(real) if w["kind"] != "Pod"])
         _wait_ready(target, [p["metadata"]["name"] for p in yaml.safe_load_all(POLICIES)], args.timeout, processes)
         target.apply_objects(pods)
         _wait_placed(target, [p["metadata"]["name"] for p in pods], args.timeout)
-        _say("Preparing the claims with each node's kubelet plugin, as a kubelet would...")
-        prepared = _prepare_like_the_kubelet(target, processes, [n.name for n in nodes])
+        prepared: list[str] = []
+        if real:
+            _say("Waiting for the kubelets to prepare the claims and run the Pods...")
+            _wait_running(target, [p["metadata"]["name"] for p in pods], args.timeout)
+        else:
+            _say("Preparing the claims with each node's kubelet plugin, as a kubelet would...")
+            prepared = _prepare_like_the_kubelet(target, processes, [n.name for n in nodes])
         _wait_agents_caught_up(target, [n.name for n in nodes], args.timeout)
         _say("")
         _say(picture(target, [n.name for n in nodes]))
-        _say("CDI devices the kubelet plugins returned (what the container runtime would inject):")
-        for line in prepared:
-            _say(f"  {line}")
+        if real:
+            _say("What each container printed (kubectl logs): its device variables and /dev/nvidia* nodes")
+            for line in container_output(target, sorted(p["metadata"]["name"] for p in pods)):
+                _say(f"  {line}")
+        else:
+            _say("CDI devices the kubelet plugins returned (what the container runtime would inject):")
+            for line in prepared:
+                _say(f"  {line}")
         _say(f"Ready in {time.monotonic() - started:.0f}s. Logs of the operator and agents: {folder}")
         if args.exit:
             return 0
@@ -212,7 +263,11 @@ def _run(args: argparse.Namespace) -> int:
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
         return 0
     finally:
+        if real_nodes:
+            target.kubectl("delete", "pods", "--all", "-n", NAMESPACE, "--wait=true", "--timeout=60s", check=False)
         processes.stop_all()
+        for real_node in real_nodes:
+            real_node.stop()
         if cluster is not None:
             cluster.stop()
 
@@ -255,6 +310,42 @@ def _wait_placed(target: Any, pods: list[str], timeout: float) -> None:
                 why.append(f"{name}: {message or 'not scheduled'}")
             raise TimeoutError(f"Pods not scheduled after {timeout:.0f}s:\n  " + "\n  ".join(why))
         time.sleep(0.5)
+
+
+def _wait_running(target: Any, pods: list[str], timeout: float) -> None:
+    """Until every Pod runs and has printed its devices (its last line is "ready")."""
+    deadline = time.monotonic() + timeout
+    while True:
+        items = {p["metadata"]["name"]: p for p in target.get_json("pods", "-n", NAMESPACE)["items"]}
+        running = [n for n in pods if items.get(n, {}).get("status", {}).get("phase") == "Running"]
+        if len(running) == len(pods) and all(_printed(target, n).endswith("ready") for n in pods):
+            return
+        if time.monotonic() > deadline:
+            why = [f"{n}: {json.dumps(items.get(n, {}).get('status', {}).get('containerStatuses', []))[:300]}"
+                   for n in sorted(set(pods) - set(running))]
+            raise TimeoutError(f"Pods not Running after {timeout:.0f}s:\n  " + "\n  ".join(why))
+        time.sleep(0.5)
+
+
+def _printed(target: Any, pod: str) -> str:
+    proc = target.kubectl("logs", pod, "-n", NAMESPACE, check=False)
+    return str(proc.stdout).strip() if proc.returncode == 0 else ""
+
+
+def container_output(target: Any, pods: list[str]) -> list[str]:
+    """Per Pod, one line of what its container printed: device variables and device nodes."""
+    lines = []
+    for pod in pods:
+        env, devices = [], []
+        for line in _printed(target, pod).splitlines():
+            if line.startswith("device "):
+                devices.append(line.removeprefix("device /dev/"))
+            elif "=" in line:
+                env.append(line)
+        shown = [e for e in env if not e.startswith("CUDA_VISIBLE_DEVICES=")]  # the same as NVIDIA_VISIBLE_DEVICES
+        lines.append(f"{pod:<12} " + "  ".join(shown))
+        lines.append(f"{'':<12} /dev: {' '.join(devices)}")
+    return lines
 
 
 def _prepare_like_the_kubelet(target: Any, processes: TesseraProcesses, nodes: list[str]) -> list[str]:

@@ -42,6 +42,8 @@ CONTROLLERS = (
     "serviceaccount-controller",
     "root-ca-certificate-publisher-controller",
 )
+# Real nodes run Deployments and DaemonSets (the install); kubelet-less nodes never would.
+WORKLOAD_CONTROLLERS = ("deployment-controller", "replicaset-controller", "daemonset-controller")
 _PR_SET_PDEATHSIG = 1
 
 
@@ -84,16 +86,19 @@ class LocalCluster:
     token: str = field(default="", repr=False)
     _processes: list[_Process] = field(default_factory=list, repr=False)
     _own_workdir: bool = False
+    controllers: tuple[str, ...] = CONTROLLERS
 
     @classmethod
     def start(cls, binaries: Binaries | None = None, workdir: Path | None = None,
-              timeout: float = 120.0) -> Self:
+              timeout: float = 120.0, controllers: tuple[str, ...] = CONTROLLERS) -> Self:
         """Build (if needed) and start every component; return once the apiserver is ready
-        and the scheduler and controller manager answer their health checks."""
+        and the scheduler and controller manager answer their health checks. ``controllers``:
+        which of kube-controller-manager's controllers run (add ``WORKLOAD_CONTROLLERS`` for
+        real nodes that run Deployments and DaemonSets)."""
         binaries = binaries or ensure_binaries()
         own = workdir is None
         workdir = workdir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
-        cluster = cls(binaries=binaries, workdir=workdir, _own_workdir=own)
+        cluster = cls(binaries=binaries, workdir=workdir, _own_workdir=own, controllers=controllers)
         try:
             cluster._start(timeout)
         except BaseException:
@@ -182,6 +187,8 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--service-cluster-ip-range=10.96.0.0/16",
             "--allow-privileged=true",
+            # Real nodes' kubelets listen on their node IP; their hostnames resolve nowhere.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             # Without node lifecycle nothing would ever remove the not-ready taint it adds.
             "--disable-admission-plugins=TaintNodesByCondition",
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
@@ -196,7 +203,7 @@ class LocalCluster:
         kcm = self._spawn("kube-controller-manager", [
             str(self.binaries.kube_controller_manager),
             f"--kubeconfig={self.kubeconfig}",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(self.controllers)}",
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={kcm_port}",

@@ -24,6 +24,9 @@ class Pki:
     service_account_pub: Path
 
 
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+
+
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
     path.write_bytes(
         key.private_bytes(
@@ -78,6 +81,9 @@ def make_pki(folder: Path) -> Pki:
                     x509.DNSName("localhost"),
                     x509.DNSName("kubernetes.default.svc"),
                     x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    # The `kubernetes` Service's ClusterIP (first of --service-cluster-ip-range):
+                    # Pods on real nodes reach the apiserver there (``tessera.localcluster.nodes``).
+                    x509.IPAddress(ipaddress.ip_address(KUBERNETES_SERVICE_IP)),
                 ]
             ),
             critical=False,

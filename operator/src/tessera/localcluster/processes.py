@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from tessera import DRIVER_NAME
 from tessera.localcluster.cluster import _die_with_parent, free_port
+from tessera.localcluster.nodes import CDI_DIR, KUBELET_ROOT, SIMULATED_STATE_DIR, RealNode
 
 
 class HasKubeconfig(Protocol):
@@ -85,7 +87,12 @@ class TesseraProcesses:
     processes: list[TesseraProcess] = field(default_factory=list)
 
     def _start(
-        self, name: str, args: list[str], health: bool = False, env: dict[str, str] | None = None
+        self,
+        name: str,
+        args: list[str],
+        health: bool = False,
+        env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
     ) -> TesseraProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / f"{name}.log"
@@ -99,7 +106,7 @@ class TesseraProcesses:
         }
         with log.open("ab") as out:
             popen = subprocess.Popen(  # argv is ours
-                [sys.executable, "-m", "tessera", *args, *ports],
+                [*(prefix or []), sys.executable, "-m", "tessera", *args, *ports],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
                 preexec_fn=_die_with_parent,  # runs between fork and exec
             )
@@ -126,6 +133,23 @@ class TesseraProcesses:
              "--cdi-dir", str(root / "cdi"),
              "--mps-root", str(root / "mps"),
              *(extra or [])],
+        )
+
+    def agent_on(self, node: RealNode, simulate: str, extra: list[str] | None = None) -> TesseraProcess:
+        """The agent of a real node, run as its DaemonSet Pod would: inside the node's mount
+        namespace with the DaemonSet's paths (the kubelet's plugin folders, the CDI folder
+        the node's containerd reads, /run/tessera/mps), simulated GPUs made runnable."""
+        return self._start(
+            f"agent-{node.name}",
+            ["agent", "--node-name", node.name, "--backend", "simulated", "--simulate", simulate,
+             "--state-file", f"{SIMULATED_STATE_DIR}/simulated-gpus.json",
+             "--simulated-dev-dir", f"{SIMULATED_STATE_DIR}/dev",
+             "--kubelet-registry-dir", f"{KUBELET_ROOT}/plugins_registry",
+             "--kubelet-plugin-dir", f"{KUBELET_ROOT}/plugins/{DRIVER_NAME}",
+             "--cdi-dir", CDI_DIR,
+             "--mps-root", "/run/tessera/mps",
+             *(extra or [])],
+            prefix=node.in_namespace(),
         )
 
     def stop_all(self) -> None:

@@ -8,6 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 NO_IMAGE = "registry.invalid/none:0"  # nothing pulls it: there is no kubelet on the local cluster
+# What a container on a real node runs to show what it got: the device variables, one line
+# per /dev/nvidia* node, then "ready" (and it keeps running for as long as ``hold`` says).
+SHOW_DEVICES = (
+    "env | grep -E '^(NVIDIA|CUDA)_' | sort; "
+    "for f in /dev/nvidia*; do [ -e \"$f\" ] && echo \"device $f\"; done; echo ready"
+)
+
+
+def show_devices_args(hold_seconds: int = 0) -> list[str]:
+    """``args`` for a busybox container that prints what it got, then sleeps ``hold_seconds``."""
+    script = SHOW_DEVICES + (f"; exec sleep {hold_seconds}" if hold_seconds else "")
+    return ["sh", "-c", script]
 
 
 def claim_template(
@@ -40,9 +52,12 @@ def pod_with_claim(
     image: str = NO_IMAGE,
     args: list[str] | None = None,
     labels: dict[str, str] | None = None,
+    restart_policy: str | None = None,
 ) -> dict[str, Any]:
     """A Pod whose one container uses a claim made from ``template``."""
     container: dict[str, Any] = {"name": "main", "image": image, "resources": {"claims": [{"name": "gpu"}]}}
+    if not image.endswith(":latest"):
+        container["imagePullPolicy"] = "IfNotPresent"  # local images: there is no registry to ask
     if args:
         container["args"] = args
     spec: dict[str, Any] = {
@@ -51,6 +66,9 @@ def pod_with_claim(
     }
     if node_selector:
         spec["nodeSelector"] = node_selector
+    if restart_policy:
+        spec["restartPolicy"] = restart_policy
+    spec["terminationGracePeriodSeconds"] = 2
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if labels:
         metadata["labels"] = labels

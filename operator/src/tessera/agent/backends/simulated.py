@@ -31,6 +31,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -667,16 +668,58 @@ def _profile_info(p: MigProfile) -> ProfileInfo:
 STANDIN_MPS_CONTROL = (sys.executable, "-m", "tessera.agent.backends.mpsstandin")
 
 
+NVIDIA_MAJOR = 195  # the driver's fixed major number; nvidiactl is minor 255
+UVM_MAJOR = 235  # dynamic on real machines; any free number serves a simulated node
+
+
+def simulated_device_nodes(gpu_minors: list[int]) -> list[tuple[str, int, int]]:
+    """(name under /dev, major, minor) of the character devices a node with these GPUs has."""
+    nodes = [("nvidiactl", NVIDIA_MAJOR, 255), ("nvidia-uvm", UVM_MAJOR, 0), ("nvidia-uvm-tools", UVM_MAJOR, 1)]
+    return nodes + [(f"nvidia{m}", NVIDIA_MAJOR, m) for m in gpu_minors]
+
+
+def make_device_nodes(device_dir: Path, gpu_minors: list[int]) -> None:
+    """Character devices standing for /dev/nvidia* under ``device_dir`` (no driver answers
+    them: a container sees them, as it would on a GPU node, and cannot use them)."""
+    device_dir.mkdir(parents=True, exist_ok=True)
+    for name, major, minor in simulated_device_nodes(gpu_minors):
+        path = device_dir / name
+        wanted = os.makedev(major, minor)
+        with contextlib.suppress(FileNotFoundError):
+            st = path.lstat()
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == wanted:
+                continue
+            path.unlink()
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, wanted)
+        except PermissionError as error:
+            raise BackendError(
+                f"cannot make the simulated device node {path} ({error}); simulated device nodes need "
+                "root (CAP_MKNOD): run as root or leave --simulated-dev-dir unset"
+            ) from error
+
+
 class SimulatedBackend:
     """``DeviceBackend`` over ``SimulatedHardware``: deterministic, fault-injectable GPUs.
 
     MPS daemons are real stand-in processes (``daemons``, as the agent runs it: they have pids
     and pipe folders, outlive the agent, can be killed) or, without ``daemons``, an in-memory
-    model in the hardware state (unit tests)."""
+    model in the hardware state (unit tests).
 
-    def __init__(self, hardware: SimulatedHardware, daemons: MpsDaemons | None = None) -> None:
+    With a ``device_dir`` the simulated GPUs are runnable: that folder holds character devices
+    for /dev/nvidiactl, /dev/nvidia-uvm(-tools) and /dev/nvidia<minor> (the kubelet plugin
+    maps the container paths to them in its CDI specs), and the MPS pipe folder the specs
+    mount exists, as a real MPS daemon's would."""
+
+    def __init__(
+        self, hardware: SimulatedHardware, daemons: MpsDaemons | None = None, device_dir: Path | None = None
+    ) -> None:
         self.hardware = hardware
         self.daemons = daemons
+        self.device_dir = device_dir
+        if device_dir is not None:
+            make_device_nodes(device_dir, [g.minor if g.minor is not None else g.index
+                                           for g in self.inventory().gpus])
 
     @classmethod
     def from_spec(
@@ -686,9 +729,10 @@ class SimulatedBackend:
         state_file: Path | None = None,
         mps_root: str = "/run/tessera/mps",
         mps_processes: bool = False,
+        device_dir: Path | None = None,
     ) -> SimulatedBackend:
         daemons = MpsDaemons(Path(mps_root), STANDIN_MPS_CONTROL) if mps_processes else None
-        return cls(SimulatedHardware(node_name, parse_simulate_spec(spec), state_file, mps_root), daemons)
+        return cls(SimulatedHardware(node_name, parse_simulate_spec(spec), state_file, mps_root), daemons, device_dir)
 
     @property
     def name(self) -> str:
@@ -816,9 +860,12 @@ class SimulatedBackend:
 
     def start_mps(self, device_uuid: str, defaults: MpsDefaults | None = None) -> str:
         if self.daemons is None:
-            return self.hardware.start_mps(device_uuid, defaults)
-        self.hardware.check_mps(device_uuid, "start_mps")
-        pipe, _ = self.daemons.start(device_uuid, defaults)
+            pipe = self.hardware.start_mps(device_uuid, defaults)
+        else:
+            self.hardware.check_mps(device_uuid, "start_mps")
+            pipe, _ = self.daemons.start(device_uuid, defaults)
+        if self.device_dir is not None:
+            Path(pipe).mkdir(parents=True, exist_ok=True)
         return pipe
 
     def stop_mps(self, device_uuid: str) -> None:

@@ -47,13 +47,21 @@ class ContainerEdits:
     env: tuple[str, ...] = ()  # "NAME=value"
     device_nodes: tuple[str, ...] = ()  # paths; the runtime reads type and numbers from the host
     mounts: tuple[Mount, ...] = ()
+    # The host folder that stands for /dev (simulated GPUs keep their device nodes in one);
+    # None: the nodes are the host's own /dev/... files.
+    dev_root: str | None = None
+
+    def device_node(self, path: str) -> dict[str, str]:
+        if self.dev_root is None or not path.startswith("/dev/"):
+            return {"path": path}
+        return {"path": path, "hostPath": f"{self.dev_root.rstrip('/')}/{path.removeprefix('/dev/')}"}
 
     def to_cdi(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if self.env:
             out["env"] = list(self.env)
         if self.device_nodes:
-            out["deviceNodes"] = [{"path": p} for p in self.device_nodes]
+            out["deviceNodes"] = [self.device_node(p) for p in self.device_nodes]
         if self.mounts:
             out["mounts"] = [m.to_cdi() for m in self.mounts]
         return out

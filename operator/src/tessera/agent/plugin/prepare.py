@@ -191,8 +191,11 @@ def _request_env(group: Sequence[DeviceAccess]) -> tuple[tuple[str, ...], tuple[
     return tuple(env), (Mount(pipes[0], MPS_CONTAINER_PIPE_DIRECTORY),)
 
 
-def build_cdi_devices(claim_uid: str, accesses: Sequence[DeviceAccess]) -> tuple[list[CdiDevice], ContainerEdits]:
-    """The claim's CDI devices (in ``accesses`` order) and the edits they all share."""
+def build_cdi_devices(
+    claim_uid: str, accesses: Sequence[DeviceAccess], dev_root: str | None = None
+) -> tuple[list[CdiDevice], ContainerEdits]:
+    """The claim's CDI devices (in ``accesses`` order) and the edits they all share; device
+    nodes come from ``dev_root`` on the host when given (simulated GPUs), else from /dev."""
     groups: dict[str, list[DeviceAccess]] = {}
     for access in accesses:
         groups.setdefault(access.allocated.request, []).append(access)
@@ -200,8 +203,9 @@ def build_cdi_devices(claim_uid: str, accesses: Sequence[DeviceAccess]) -> tuple
     devices = []
     for access, name in zip(accesses, unique_cdi_names(claim_uid, accesses), strict=True):
         env, mounts = request_edits[access.allocated.request]
-        devices.append(CdiDevice(name, ContainerEdits(env=env, device_nodes=access.device_nodes, mounts=mounts)))
-    return devices, ContainerEdits(device_nodes=CONTROL_DEVICE_NODES)
+        edits = ContainerEdits(env=env, device_nodes=access.device_nodes, mounts=mounts, dev_root=dev_root)
+        devices.append(CdiDevice(name, edits))
+    return devices, ContainerEdits(device_nodes=CONTROL_DEVICE_NODES, dev_root=dev_root)
 
 
 def device_status_entries(
@@ -266,6 +270,7 @@ class PreparerSettings:
     cdi_dir: Path
     checkpoint_path: Path
     proc_root: Path = Path("/proc")
+    dev_root: Path | None = None  # host folder standing for /dev (simulated GPUs); None: /dev
 
 
 class ClaimPreparer:
@@ -409,7 +414,9 @@ class ClaimPreparer:
             async with self._hardware_lock if dynamic else contextlib.nullcontext():
                 inventory = await self._call(self._backend.inventory)
                 accesses = await self._acquire(ref, devices, inventory, held, created)
-            cdi_devices, common = build_cdi_devices(ref.uid, accesses)
+            cdi_devices, common = build_cdi_devices(
+                ref.uid, accesses, str(self._settings.dev_root) if self._settings.dev_root else None
+            )
             spec = claim_spec(cdi_devices, common)
             await asyncio.to_thread(write_claim_spec, self._settings.cdi_dir, ref.uid, spec)
         except BaseException:

@@ -73,6 +73,7 @@ class PluginConfig:
     cdi_dir: Path = DEFAULT_CDI_DIR
     checkpoint_path: Path | None = None  # default: <plugin_dir>/checkpoint.json
     proc_root: Path = Path("/proc")
+    dev_root: Path | None = None  # host folder standing for /dev (simulated GPUs); None: /dev
     stop_grace_s: float = 5.0
     health_refresh_s: float = 10.0  # the health stream repeats itself this often (the kubelet waits 30 s)
 
@@ -140,6 +141,7 @@ class KubeletPlugin:
                 cdi_dir=config.cdi_dir,
                 checkpoint_path=config.checkpoint_file,
                 proc_root=config.proc_root,
+                dev_root=config.dev_root,
             ),
             status_writer,
         )

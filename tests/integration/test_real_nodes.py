@@ -1,0 +1,389 @@
+"""Pods really run on Tessera's devices: real nodes (a kubelet with its own containerd, runc and
+CNI bridge each) beside the local control plane, the operator and each node's agent running as
+the DaemonSet would (inside the node's mount namespace, the kubelet's plugin folders, the CDI
+folder its containerd reads, simulated GPUs with device nodes). The kubelet calls the DRA
+plugin, the runtime applies the CDI specs, and each container prints what it got; the tests
+read that from ``kubectl logs``.
+
+Needs root, runc and the CNI plugins (``.ci/run`` installs them); without them the module is
+skipped with the reason, unless ``TESSERA_REQUIRE_REAL_NODES=1`` (CI) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tessera.agent.backends.simulated import SimulatedHardware
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait_for
+from tessera.localcluster.images import BUSYBOX_IMAGE
+from tessera.localcluster.nodes import SIMULATED_STATE_DIR, RealNode, real_nodes_possible
+from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
+from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim, show_devices_args
+from tessera.models.quantity import parse_quantity
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+ATTRS = 'device.attributes["gpu.tessera.dev"]'
+NODE_A, NODE_B = "real-a", "real-b"
+CHEAP = "cheap-c"  # a kubelet-less node (a Node object and a local agent) in the same cluster
+SIMULATE = {NODE_A: "4xH100-80GB", NODE_B: "1xH200-141GB"}
+
+_why_not = real_nodes_possible()
+if _why_not and os.environ.get("TESSERA_REQUIRE_REAL_NODES") != "1":
+    pytest.skip(f"no real nodes on this machine: {_why_not}", allow_module_level=True)
+
+
+def policy(name: str, node: str, gpu_index: int | None, spec: dict[str, Any]) -> dict[str, Any]:
+    selector = {"gpuSelector": {"cel": f"{ATTRS}.index == {gpu_index}"}} if gpu_index is not None else {}
+    return {
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "SharingPolicy",
+        "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": node}}, **selector, **spec},
+    }
+
+
+MPS = {
+    "memory": {"default": "4Gi", "min": "1Gi", "step": "1Gi"},
+    "compute": {"default": 10, "values": [10, 25, 50, 100]},
+}
+POLICIES = [
+    policy("real-whole", NODE_A, 0, {"strategy": "Exclusive"}),
+    policy("real-mig", NODE_A, 1, {"strategy": "MIG", "mig": {"profiles": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}}}),
+    policy("real-mps", NODE_A, 2, {"strategy": "MPS", "mps": MPS}),
+    policy("real-drain", NODE_A, 3, {"strategy": "Exclusive"}),
+    policy("real-dynamic", NODE_B, None, {"strategy": "DynamicMIG"}),
+    policy("cheap-whole", CHEAP, None, {"strategy": "Exclusive"}),
+]
+
+
+@dataclass
+class RealCluster:
+    cluster: LocalCluster
+    processes: TesseraProcesses
+    nodes: dict[str, RealNode]
+    agents: dict[str, TesseraProcess]
+
+    def restart_agent(self, node: str) -> TesseraProcess:
+        self.agents[node].stop()
+        self.processes.processes.remove(self.agents[node])
+        self.agents[node] = self.processes.agent_on(self.nodes[node], SIMULATE[node])
+        return self.agents[node]
+
+    def hardware(self, node: str) -> SimulatedHardware:
+        return SimulatedHardware.open(self.nodes[node].host_path(f"{SIMULATED_STATE_DIR}/simulated-gpus.json"))
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    started = time.monotonic()
+    with LocalCluster.start(controllers=CONTROLLERS + WORKLOAD_CONTROLLERS) as cluster:
+        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
+        processes = TesseraProcesses(cluster, tmp_path_factory.mktemp("real-nodes"))
+        nodes: dict[str, RealNode] = {}
+        try:
+            for name in SIMULATE:
+                nodes[name] = RealNode.start(cluster, name)
+            processes.operator()
+            agents = {name: processes.agent_on(node, SIMULATE[name]) for name, node in nodes.items()}
+            cluster.add_node(CHEAP)
+            agents[CHEAP] = processes.agent(CHEAP, "1xA100-80GB")
+            cluster.apply_objects(POLICIES)
+            print(f"\nreal nodes up in {time.monotonic() - started:.1f}s")
+            yield RealCluster(cluster, processes, nodes, agents)
+        finally:
+            processes.stop_all()
+            for node in nodes.values():
+                node.stop()
+
+
+@pytest.fixture
+def namespace(real: RealCluster) -> str:
+    name = f"r-{uuid.uuid4().hex[:8]}"
+    real.cluster.kubectl("create", "namespace", name)
+    return name
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def get(real: RealCluster, *args: str) -> dict[str, Any]:
+    return real.cluster.get_json(*args)
+
+
+def pod_phase(real: RealCluster, namespace: str, pod: str) -> str:
+    proc = real.cluster.kubectl("get", "pod", pod, "-n", namespace, "-o", "json", check=False)
+    return str(json.loads(proc.stdout)["status"].get("phase", "")) if proc.returncode == 0 else "Gone"
+
+
+async def start_pods(real: RealCluster, namespace: str, node: str, template: dict[str, Any], names: list[str],
+                     hold: int = 600, restart: str | None = None) -> None:
+    pods = [pod_with_claim(n, namespace, template["metadata"]["name"], on_node(node), BUSYBOX_IMAGE,
+                           show_devices_args(hold), restart_policy=restart) for n in names]
+    real.cluster.apply_objects([template, *pods])
+    wanted = {"Running", "Succeeded"}
+
+    def started() -> bool:
+        phases = [pod_phase(real, namespace, n) for n in names]
+        if "Failed" in phases:
+            raise AssertionError(f"a Pod failed: {dict(zip(names, phases, strict=True))}")
+        return all(p in wanted for p in phases) and all("ready" in logs(real, namespace, n) for n in names)
+
+    await wait_for(started, timeout=120, interval=0.5, message=f"{names} to run and print their devices")
+
+
+def logs(real: RealCluster, namespace: str, pod: str) -> str:
+    proc = real.cluster.kubectl("logs", pod, "-n", namespace, check=False)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def seen(real: RealCluster, namespace: str, pod: str) -> tuple[dict[str, str], list[str]]:
+    """What the container printed: its device variables and device nodes."""
+    env: dict[str, str] = {}
+    devices: list[str] = []
+    for line in logs(real, namespace, pod).splitlines():
+        if line.startswith("device "):
+            devices.append(line.removeprefix("device "))
+        elif "=" in line:
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env, sorted(devices)
+
+
+def claim_results(real: RealCluster, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The pod's claim's allocation results; empty before the scheduler allocated it."""
+    statuses = get(real, "pod", pod, "-n", namespace)["status"].get("resourceClaimStatuses") or [{}]
+    if not statuses[0].get("resourceClaimName"):
+        return []
+    claim = get(real, "resourceclaim", statuses[0]["resourceClaimName"], "-n", namespace)
+    return list((claim.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", []))
+
+
+def device_attr(real: RealCluster, node: str, device: str, attr: str) -> str:
+    slices = get(real, "resourceslices", "--field-selector", f"spec.nodeName={node}")["items"]
+    for s in slices:
+        for d in s["spec"].get("devices") or []:
+            if d["name"] == device:
+                value = d["attributes"][attr]
+                return str(value.get("string", value.get("int", "")))
+    raise AssertionError(f"no device {device} on {node}")
+
+
+async def delete_pods(real: RealCluster, namespace: str, *pods: str) -> None:
+    real.cluster.kubectl("delete", "pod", *pods, "-n", namespace, "--wait=false")
+    await wait_for(lambda: all(pod_phase(real, namespace, p) == "Gone" for p in pods), timeout=90,
+                   message=f"{pods} to be gone")
+
+
+async def policy_ready(real: RealCluster, name: str) -> None:
+    def ready() -> bool:
+        body = get(real, "sharingpolicy", name)
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in body.get("status", {}).get("conditions", []))
+
+    await wait_for(ready, timeout=90, interval=0.5, message=f"policy {name} Ready")
+
+
+def agent_events(agent: TesseraProcess, event: str) -> list[dict[str, Any]]:
+    out = []
+    for line in agent.log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == event:
+            out.append(record)
+    return out
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+async def test_a_whole_gpu_pod_runs_and_sees_its_gpu_uuid_and_device_node(real: RealCluster, namespace: str) -> None:
+    await policy_ready(real, "real-whole")
+    template = claim_template("whole", namespace, "whole-gpu.tessera.dev", f"{ATTRS}.index == 0")
+    await start_pods(real, namespace, NODE_A, template, ["whole-0"])
+    [result] = claim_results(real, namespace, "whole-0")
+    gpu_uuid = device_attr(real, NODE_A, result["device"], "uuid")
+    env, devices = seen(real, namespace, "whole-0")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid
+    assert env["CUDA_VISIBLE_DEVICES"] == gpu_uuid
+    assert devices == ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidiactl"]
+    await delete_pods(real, namespace, "whole-0")
+
+
+async def test_a_static_mig_pod_sees_exactly_its_mig_uuid(real: RealCluster, namespace: str) -> None:
+    await policy_ready(real, "real-mig")
+    cel = f'has({ATTRS}.migProfile) && {ATTRS}.migProfile == "2g.20gb"'
+    await start_pods(real, namespace, NODE_A, claim_template("mig", namespace, "mig.tessera.dev", cel), ["mig-0"])
+    [result] = claim_results(real, namespace, "mig-0")
+    mig_uuid = device_attr(real, NODE_A, result["device"], "uuid")
+    assert mig_uuid.startswith("MIG-")
+    env, devices = seen(real, namespace, "mig-0")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == mig_uuid
+    assert env["CUDA_VISIBLE_DEVICES"] == mig_uuid
+    assert "/dev/nvidia1" in devices  # the parent GPU's node
+    await delete_pods(real, namespace, "mig-0")
+
+
+async def test_a_dynamic_mig_instance_is_made_at_prepare_and_destroyed_after_the_pod_ends(
+    real: RealCluster, namespace: str
+) -> None:
+    await policy_ready(real, "real-dynamic")
+    hardware = real.hardware(NODE_B)
+    assert [i for g in hardware.snapshot().gpus for i in g.instances] == []
+    cel = f'has({ATTRS}.migProfile) && {ATTRS}.migProfile == "3g.71gb"'
+    template = claim_template("dyn", namespace, "mig.tessera.dev", cel)
+    await start_pods(real, namespace, NODE_B, template, ["dyn-0"], hold=0, restart="Never")
+    env, devices = seen(real, namespace, "dyn-0")
+    made = [i for g in hardware.snapshot().gpus for i in g.instances]
+    assert len(made) == 1
+    assert env["NVIDIA_VISIBLE_DEVICES"] == made[0].uuid
+    assert "/dev/nvidia0" in devices
+    await wait_for(lambda: pod_phase(real, namespace, "dyn-0") == "Succeeded", timeout=60, message="dyn-0 done")
+    # The Pod ended: the kubelet unprepares, the plugin destroys the instance it made.
+    await wait_for(lambda: not [i for g in hardware.snapshot().gpus for i in g.instances], timeout=60,
+                   message="the dynamic MIG instance to be destroyed after the Pod ended")
+    await delete_pods(real, namespace, "dyn-0")
+
+
+async def test_three_mps_pods_each_see_their_own_limits_from_consumed_capacity(
+    real: RealCluster, namespace: str
+) -> None:
+    await policy_ready(real, "real-mps")
+    asks = {"mps-10": ("10Gi", "10"), "mps-25": ("20Gi", "25"), "mps-50": ("30Gi", "50")}
+    for pod, (memory, compute) in asks.items():
+        template = claim_template(f"t-{pod}", namespace, "shared-gpu.tessera.dev",
+                                  capacity={"memory": memory, "compute": compute})
+        await start_pods(real, namespace, NODE_A, template, [pod])
+    gpus = set()
+    for pod, (memory, _) in asks.items():
+        [result] = claim_results(real, namespace, pod)
+        consumed = result["consumedCapacity"]
+        assert parse_quantity(consumed["memory"]) == parse_quantity(memory)
+        gpu_uuid = device_attr(real, NODE_A, result["device"], "uuid")
+        gpus.add(gpu_uuid)
+        env, devices = seen(real, namespace, pod)
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(int(parse_quantity(consumed["compute"])))
+        mib = int(parse_quantity(consumed["memory"]) // 2**20)
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu_uuid}={mib}M"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        assert env["NVIDIA_VISIBLE_DEVICES"] == gpu_uuid
+        assert "/dev/nvidia2" in devices
+    assert len(gpus) == 1
+    await delete_pods(real, namespace, *asks)
+
+
+async def test_drain_waits_for_the_running_pod_and_repartitions_after_the_kubelet_unprepared(
+    real: RealCluster, namespace: str
+) -> None:
+    await policy_ready(real, "real-drain")
+    template = claim_template("drain", namespace, "whole-gpu.tessera.dev", f"{ATTRS}.index == 3")
+    await start_pods(real, namespace, NODE_A, template, ["held-0"])
+    hardware = real.hardware(NODE_A)
+    gpu3 = hardware.snapshot().gpus[3]
+    held_uid = get(real, "resourceclaim", get(real, "pod", "held-0", "-n", namespace)["status"]
+                   ["resourceClaimStatuses"][0]["resourceClaimName"], "-n", namespace)["metadata"]["uid"]
+    balanced = {"strategy": "MIG", "mig": {"preset": "all-balanced"}}
+    real.cluster.apply_objects([policy("real-drain", NODE_A, 3, balanced)])
+
+    def gpu3_devices() -> list[dict[str, Any]]:
+        slices = get(real, "resourceslices", "--field-selector", f"spec.nodeName={NODE_A}")["items"]
+        return [d for s in slices for d in s["spec"].get("devices") or [] if d["name"].startswith("gpu-3")]
+
+    # The operator taints the GPU's published device and waits: the GPU is left as it is.
+    await wait_for(lambda: any(d.get("taints") for d in gpu3_devices()), timeout=60, message="gpu-3 tainted")
+    await asyncio.sleep(3)  # a window in which nothing may change while the Pod runs
+    assert pod_phase(real, namespace, "held-0") == "Running"
+    assert hardware.snapshot().gpus[3].instances == gpu3.instances == []
+
+    real.cluster.kubectl("delete", "pod", "held-0", "-n", namespace, "--wait=false")
+    await wait_for(lambda: pod_phase(real, namespace, "held-0") == "Gone", timeout=60, message="held-0 gone")
+    gone = time.monotonic()
+    await wait_for(lambda: any("mig" in d["name"] for d in gpu3_devices()), timeout=90, interval=0.1,
+                   message="gpu-3's MIG devices published")
+    print(f"\ndrain: Pod gone -> new devices published in {time.monotonic() - gone:.2f}s")
+    assert hardware.snapshot().gpus[3].instances, "the new layout was applied"
+    agent = real.agents[NODE_A]
+    [unprepared] = [e for e in agent_events(agent, "claim unprepared") if e.get("uid") == held_uid]
+    changes = [e for e in agent_events(agent, "operation done") if str(e.get("operation", "")).startswith("GPU 3:")]
+    assert changes, "the agent changed GPU 3"
+    assert unprepared["timestamp"] < min(e["timestamp"] for e in changes), "GPU 3 changed before the kubelet unprepared"
+
+
+async def test_an_agent_restart_keeps_the_pod_running_and_its_partition(real: RealCluster, namespace: str) -> None:
+    await policy_ready(real, "real-mig")
+    cel = f'has({ATTRS}.migProfile) && {ATTRS}.migProfile == "3g.40gb"'
+    await start_pods(real, namespace, NODE_A, claim_template("keep", namespace, "mig.tessera.dev", cel), ["keep-0"])
+    before = get(real, "pod", "keep-0", "-n", namespace)["status"]["containerStatuses"][0]
+    instances = [(i.uuid, i.start, i.profile_id) for i in real.hardware(NODE_A).snapshot().gpus[1].instances]
+    agent = real.restart_agent(NODE_A)
+    await wait_for(lambda: agent_events(agent, "registered with the kubelet"), timeout=60,
+                   message="the restarted agent's plugin to be registered again by the kubelet")
+    # The re-registered plugin serves the kubelet: a new Pod on the node gets its device.
+    cel2 = f'has({ATTRS}.migProfile) && {ATTRS}.migProfile == "1g.10gb"'
+    await start_pods(real, namespace, NODE_A, claim_template("after", namespace, "mig.tessera.dev", cel2),
+                     ["after-0"])
+    now = get(real, "pod", "keep-0", "-n", namespace)["status"]["containerStatuses"][0]
+    assert now["state"].get("running")
+    assert now["restartCount"] == 0
+    assert now["containerID"] == before["containerID"]
+    assert [(i.uuid, i.start, i.profile_id) for i in real.hardware(NODE_A).snapshot().gpus[1].instances] == instances
+    await delete_pods(real, namespace, "keep-0", "after-0")
+
+
+async def test_a_kubelet_restart_prepares_nothing_twice_and_loses_nothing(real: RealCluster, namespace: str) -> None:
+    await policy_ready(real, "real-dynamic")
+    cel = f'has({ATTRS}.migProfile) && {ATTRS}.migProfile == "2g.35gb"'
+    await start_pods(real, namespace, NODE_B, claim_template("kr", namespace, "mig.tessera.dev", cel), ["kr-0"])
+    agent = real.agents[NODE_B]
+    uid = get(real, "resourceclaim", get(real, "pod", "kr-0", "-n", namespace)["status"]["resourceClaimStatuses"][0]
+              ["resourceClaimName"], "-n", namespace)["metadata"]["uid"]
+    before = get(real, "pod", "kr-0", "-n", namespace)["status"]["containerStatuses"][0]
+    made = [i.uuid for g in real.hardware(NODE_B).snapshot().gpus for i in g.instances]
+    node = real.nodes[NODE_B]
+    registered = len(agent_events(agent, "registered with the kubelet"))
+    node.stop_kubelet()
+    node.start_kubelet()
+    node.wait_ready(time.monotonic() + 90)
+    await wait_for(lambda: len(agent_events(agent, "registered with the kubelet")) > registered, timeout=60,
+                   message="the plugin registered with the restarted kubelet")
+    await asyncio.sleep(5)  # let the restarted kubelet sync its Pods (a wrong sync would restart one)
+    now = get(real, "pod", "kr-0", "-n", namespace)["status"]["containerStatuses"][0]
+    assert now["containerID"] == before["containerID"]
+    assert now["restartCount"] == 0
+    assert len([e for e in agent_events(agent, "claim prepared") if e.get("uid") == uid]) == 1
+    assert [i.uuid for g in real.hardware(NODE_B).snapshot().gpus for i in g.instances] == made
+    assert re.search(r"NVIDIA_VISIBLE_DEVICES=MIG-", logs(real, namespace, "kr-0"))
+    await delete_pods(real, namespace, "kr-0")
+
+
+async def test_real_and_kubelet_less_nodes_mix_in_one_cluster(real: RealCluster, namespace: str) -> None:
+    await policy_ready(real, "cheap-whole")
+    await policy_ready(real, "real-whole")
+    cheap = claim_template("cheap", namespace, "whole-gpu.tessera.dev")
+    real.cluster.apply_objects([cheap, pod_with_claim("cheap-0", namespace, "cheap", on_node(CHEAP), BUSYBOX_IMAGE,
+                                                      show_devices_args(600))])
+    await wait_for(lambda: get(real, "pod", "cheap-0", "-n", namespace)["status"].get("resourceClaimStatuses"),
+                   timeout=60, message="cheap-0's claim")
+    await wait_for(lambda: claim_results(real, namespace, "cheap-0"), timeout=60, message="cheap-0 allocated",
+                   interval=0.5)
+    [result] = claim_results(real, namespace, "cheap-0")
+    assert result["pool"] == CHEAP
+    template = claim_template("whole", namespace, "whole-gpu.tessera.dev", f"{ATTRS}.index == 0")
+    await start_pods(real, namespace, NODE_A, template, ["beside-0"])
+    assert pod_phase(real, namespace, "cheap-0") == "Pending", "no kubelet runs it: it stays bound and Pending"
+    real.cluster.kubectl("delete", "pod", "cheap-0", "-n", namespace, "--grace-period=0", "--force")
+    await delete_pods(real, namespace, "beside-0")
