@@ -22,4 +22,10 @@ def tessera(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         yield processes
     finally:
+        # Leave the session's cluster as this module found it: later modules list every policy
+        # and let the scheduler pick any node. The operator lifts the finalizers, so it still runs.
+        cluster.kubectl("delete", "sharingpolicies", "--all", "--timeout=60s", check=False, timeout=90)
+        nodes = processes.agent_nodes()
         processes.stop_all()
+        if nodes:  # their NodeLayouts and ResourceSlices go with them (owner references)
+            cluster.kubectl("delete", "nodes", *nodes, "--ignore-not-found", "--timeout=60s", check=False, timeout=90)
