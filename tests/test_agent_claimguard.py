@@ -24,10 +24,11 @@ NODE = "node-a"
 
 
 def claim(
-    name: str, *devices: str, node: str = NODE, driver: str = DRIVER_NAME, shared: bool = False
+    name: str, *devices: str, node: str = NODE, driver: str = DRIVER_NAME, shared: bool = False, admin: bool = False
 ) -> dict[str, Any]:
     results = [
-        {"request": "gpu", "driver": driver, "pool": node, "device": d, **({"shareID": "0a1b"} if shared else {})}
+        {"request": "gpu", "driver": driver, "pool": node, "device": d,
+         **({"shareID": "0a1b"} if shared else {}), **({"adminAccess": True} if admin else {})}
         for d in devices
     ]
     return {
@@ -81,6 +82,7 @@ def test_only_allocations_of_our_driver_in_this_nodes_pool_count() -> None:
         claim("other-driver", "gpu-0", driver="gpu.nvidia.com"),
         {"metadata": {"namespace": "team-a", "name": "pending"}, "status": {}},
         claim("share", "gpu-1", shared=True),
+        claim("monitor", "gpu-0", "gpu-1", admin=True),
     ]
     found = allocated_devices_on_node(claims, DRIVER_NAME, NODE)
     assert [(c.claim, c.device, c.shared) for c in found] == [

@@ -36,13 +36,15 @@ class ClaimedDevice:
 
 def allocated_devices_on_node(claims: Sequence[Mapping[str, Any]], driver: str, node: str) -> list[ClaimedDevice]:
     """Every device of ``driver`` in ``node``'s pool (pool name = node name) that an allocation
-    names, whether or not the claim is prepared or reserved yet."""
+    names, whether or not the claim is prepared or reserved yet. An admin-access result (a
+    monitoring claim looking at the device) holds nothing: it never keeps a device alive, as the
+    operator's drain does not wait for it either."""
     out: list[ClaimedDevice] = []
     for claim in claims:
         meta = claim.get("metadata") or {}
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") == driver and result.get("pool") == node:
+            if result.get("driver") == driver and result.get("pool") == node and result.get("adminAccess") is not True:
                 out.append(
                     ClaimedDevice(
                         claim=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
