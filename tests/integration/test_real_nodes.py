@@ -224,6 +224,39 @@ async def test_a_whole_gpu_pod_runs_and_sees_its_gpu_uuid_and_device_node(real: 
     await delete_pods(real, namespace, "whole-0")
 
 
+def allocated_health(real: RealCluster, namespace: str, pod: str) -> list[tuple[str, str]]:
+    """What the kubelet wrote in the Pod's ``allocatedResourcesStatus``: (health, message) per device."""
+    statuses = get(real, "pod", pod, "-n", namespace)["status"].get("containerStatuses") or [{}]
+    return [(r.get("health", ""), r.get("message", ""))
+            for s in statuses[0].get("allocatedResourcesStatus") or [] for r in s.get("resources") or []]
+
+
+async def test_an_unhealthy_gpu_shows_in_the_pods_allocated_resources_status_then_recovers(
+    real: RealCluster, namespace: str
+) -> None:
+    await policy_ready(real, "real-whole")
+    template = claim_template("health", namespace, "whole-gpu.tessera.dev", f"{ATTRS}.index == 0")
+    await start_pods(real, namespace, NODE_A, template, ["health-0"])
+
+    def health_is(want: str) -> list[tuple[str, str]] | None:
+        seen_now = allocated_health(real, namespace, "health-0")
+        return seen_now if [h for h, _ in seen_now] == [want] else None
+
+    # The kubelet reads the plugin's health stream and writes it into the Pod's status.
+    await wait_for(lambda: health_is("Healthy"), timeout=60, interval=0.5,
+                   message="the kubelet to report the Pod's GPU Healthy")
+    hardware = real.hardware(NODE_A)
+    hardware.inject_xid(0, 79)
+    [(_, message)] = await wait_for(lambda: health_is("Unhealthy"), timeout=60, interval=0.5,
+                                    message="the XID to show as Unhealthy in the Pod's status")
+    assert "79" in message, f"the kubelet passes on the plugin's reason: {message!r}"
+    assert pod_phase(real, namespace, "health-0") == "Running", "a NoSchedule taint evicts nothing"
+    hardware.reset_gpu(0)
+    await wait_for(lambda: health_is("Healthy"), timeout=60, interval=0.5,
+                   message="the GPU Healthy again in the Pod's status after the reset")
+    await delete_pods(real, namespace, "health-0")
+
+
 async def test_a_static_mig_pod_sees_exactly_its_mig_uuid(real: RealCluster, namespace: str) -> None:
     await policy_ready(real, "real-mig")
     cel = f'has({ATTRS}.migProfile) && {ATTRS}.migProfile == "2g.20gb"'
