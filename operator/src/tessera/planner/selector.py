@@ -30,6 +30,7 @@ from tessera import DRIVER_NAME
 from tessera.models.attributes import PCIE_ROOT_ATTRIBUTE, whole_gpu_attributes
 from tessera.models.layout import GpuStatus
 from tessera.models.quantity import MIB
+from tessera.models.quantity import quantity_value as parse_kube_quantity
 
 _QUANTITY_TAG = "__quantity__"
 _SEMVER_TAG = "__semver__"
@@ -52,12 +53,6 @@ class GpuSelectorError(ValueError):
 
 # ---------------------------------------------------------------- quantities and versions
 
-_QUANTITY_RE = re.compile(
-    r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
-)
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1)}
-_DECIMAL.update({s: Fraction(10 ** (3 * i)) for i, s in enumerate("kMGTPE", start=1)})
-_BINARY = {s: Fraction(2 ** (10 * i)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)}
 _SEMVER_RE = re.compile(
     r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$"
 )
@@ -77,18 +72,10 @@ def _fail(message: str) -> None:
 
 def parse_cel_quantity(text: str) -> Fraction | None:
     """The exact value of a Kubernetes quantity string, or None when it is not one."""
-    match = _QUANTITY_RE.match(text)
-    if match is None:
+    try:
+        return parse_kube_quantity(text)
+    except ValueError:
         return None
-    sign, number, exponent, suffix = match.groups()
-    value = Fraction(number if not number.endswith(".") else number[:-1])
-    if exponent:
-        value *= Fraction(10) ** int(exponent[1:])
-    elif suffix in _BINARY:
-        value *= _BINARY[suffix]
-    else:
-        value *= _DECIMAL[suffix or ""]
-    return -value if sign == "-" else value
 
 
 def quantity_value(value: Fraction) -> dict[str, str]:
