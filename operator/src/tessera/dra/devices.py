@@ -54,9 +54,7 @@ from typing import Any
 
 from tessera import DRIVER_NAME
 from tessera.models.attributes import Attribute, gpu_attributes, memory_bytes, whole_gpu_attributes
-from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, GpuModel, MigProfile, ProfileKind
-from tessera.models.catalog import model_by_key as _model_by_key
-from tessera.models.catalog import model_for_product as _model_for_product
+from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, MigProfile, ProfileKind, catalog_model
 from tessera.models.devices import dynamic_mig_device_name, gpu_device_name, mig_device_name
 from tessera.models.layout import GpuStatus, Health, MigInstanceStatus
 from tessera.models.policy import MpsSpec, ShareStrategy, Strategy, TimeSlicingSpec
@@ -291,16 +289,6 @@ def dynamic_mig_device(gpu: GpuStatus, profile: MigProfile, start: int, draining
     return _device(name, attrs, capacity, taints=_taints(gpu, name, None, draining), consumes=consumes)
 
 
-def catalog_model(gpu: GpuStatus) -> GpuModel | None:
-    """The catalog entry of ``gpu``: by its model key, else by its NVML product name."""
-    if gpu.model:
-        try:
-            return _model_by_key(gpu.model)
-        except ValueError:
-            pass
-    return _model_for_product(gpu.product_name)
-
-
 def _overlaps(start: int, size: int, taken: Collection[MigInstanceStatus]) -> bool:
     return any(start < i.start + i.size and i.start < start + size for i in taken)
 
@@ -316,7 +304,7 @@ def build_gpu_devices(gpu: GpuStatus, draining: Collection[str] = ()) -> GpuDevi
         instances = sorted(gpu.mig_instances, key=lambda i: (i.start, i.profile))
         mig = [mig_instance_device(gpu, i, draining) for i in instances]
         return GpuDevices(gpu.index, gpu.uuid, tuple(sorted(mig, key=lambda d: str(d["name"]))))
-    model = catalog_model(gpu)
+    model = catalog_model(gpu.model, gpu.product_name)
     if model is None or not model.mig_capable:
         problem = f"GPU {gpu.index} ({gpu.product_name}) has no known MIG profiles; DynamicMIG publishes nothing"
         return GpuDevices(gpu.index, gpu.uuid, (), problems=(problem,))

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tessera.models.catalog import catalog_model
 from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec
 from tessera.models.policy import PolicyConflict, SharingPolicy, SharingPolicySpec
-from tessera.planner.gpu import PlanError, PlanErrorReason, gpu_model, plan_gpu_layout
+from tessera.planner.gpu import PlanError, PlanErrorReason, plan_gpu_layout
 from tessera.planner.selector import (
     CompiledGpuSelector,
     FlatDevice,
@@ -181,7 +182,7 @@ def _plan(
     memo: dict[tuple[object, ...], GpuLayout | PlanError], name: str | None, spec: SharingPolicySpec, gpu: GpuStatus
 ) -> GpuLayout | PlanError:
     """plan_gpu_layout, memoised on everything about the GPU the plan depends on."""
-    model = gpu_model(gpu)
+    model = catalog_model(gpu.model, gpu.product_name)
     key = (
         name,
         id(spec),
