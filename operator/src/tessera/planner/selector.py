@@ -27,7 +27,7 @@ from typing import Any
 import cel
 
 from tessera import DRIVER_NAME
-from tessera.models.attributes import PCIE_ROOT_ATTRIBUTE, whole_gpu_attributes
+from tessera.models.attributes import MEMORY_CAPACITY, PCIE_ROOT_ATTRIBUTE, whole_gpu_attributes
 from tessera.models.layout import GpuStatus
 from tessera.models.quantity import MIB
 from tessera.models.quantity import quantity_value as parse_kube_quantity
@@ -38,7 +38,7 @@ _SEMVER_TAG = "__semver__"
 # qualified name -> the attribute or capacity in its hashable wire form, e.g. ("string", "x").
 FlatDevice = dict[str, tuple[str, Hashable]]
 _CAPACITY = "capacity/"
-_MEMORY = f"{_CAPACITY}{DRIVER_NAME}/memory"
+_MEMORY = f"{_CAPACITY}{DRIVER_NAME}/{MEMORY_CAPACITY}"
 
 # Macros that can walk a map's keys: with them, any attribute may be read, so no pruning.
 _WALKING_MACROS = re.compile(r"\b(all|exists|exists_one|map|filter|size)\s*\(")
