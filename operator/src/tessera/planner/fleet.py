@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tessera.models.catalog import catalog_model
-from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec
+from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import PolicyConflict, SharingPolicy, SharingPolicySpec
 from tessera.planner.gpu import PlanError, PlanErrorReason, plan_gpu_layout
 from tessera.planner.selector import (
@@ -80,11 +80,6 @@ class FleetPlan:
 
     def for_node(self, node: str) -> tuple[GpuPlan, ...]:
         return tuple(p for p in self.gpus if p.node == node)
-
-    def node_layout_spec(self, node: str) -> NodeLayoutSpec:
-        """NodeLayout.spec for ``node``: the layouts of its GPUs that could be planned (a GPU
-        with an error is left out; the operator keeps what it had for it)."""
-        return NodeLayoutSpec(gpus=[p.layout for p in self.for_node(node) if p.layout is not None])
 
     def of_policy(self, policy: str) -> tuple[GpuPlan, ...]:
         """The GPUs ``policy`` won."""
