@@ -29,10 +29,10 @@ from typing import Any
 
 import yaml
 
+from tessera import RESOURCE_API_VERSION
 from tessera.dra.devices import DRIVER, TYPE_GPU, TYPE_MIG, TYPE_SHARE
 from tessera.models.attributes import MEMORY_CAPACITY
 
-API_VERSION = "resource.k8s.io/v1"
 HIGH_MEMORY_THRESHOLD = "40Gi"
 WHOLE_GPU_CLASS = "whole-gpu.tessera.dev"
 EXTENDED_RESOURCE_NAME = "nvidia.com/gpu"  # what device-plugin era Pods ask for
@@ -52,7 +52,7 @@ def _device_class(name: str, cel: str, extended_resource: str | None = None) -> 
     if extended_resource:
         spec["extendedResourceName"] = extended_resource
     return {
-        "apiVersion": API_VERSION,
+        "apiVersion": RESOURCE_API_VERSION,
         "kind": "DeviceClass",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "tessera"}},
         "spec": spec,
