@@ -9,8 +9,9 @@ capacities are quantities, with the methods of Kubernetes' CEL libraries:
 ``add``, ``sub``, ``sign``, ``isInteger``, ``asInteger``, ``asApproximateFloat``; and
 ``semver("580.0.0")``, ``isSemver``, ``major``, ``minor``, ``patch`` plus the comparisons.
 
-Evaluation is memoised per expression on the attributes the expression can read, so a fleet
-of identical GPUs costs one evaluation per distinct GPU kind, not one per GPU.
+An expression is compiled once (a bounded cache keyed by its text) and its evaluation is
+memoised on the attributes the expression can read, so a fleet of identical GPUs costs one
+evaluation per distinct GPU kind, not one per GPU, and not one per node reconcile.
 Not for: admission checks of the expression (the apiserver has no CEL for our selector; bad
 expressions surface here as a :class:`GpuSelectorError`, which the operator reports).
 """
@@ -18,6 +19,7 @@ expressions surface here as a :class:`GpuSelectorError`, which the operator repo
 from __future__ import annotations
 
 import contextvars
+import functools
 import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -344,12 +346,31 @@ def _parse_detail(text: str) -> str:
     return f"at {where}: {message}"
 
 
-def compile_gpu_selector(source: str) -> CompiledGpuSelector:
-    """Compile a ``gpuSelector.cel`` expression, or a :class:`GpuSelectorError` that says
-    where it does not parse."""
+_COMPILED_LIMIT = 256  # distinct expressions kept compiled; a cluster has a handful of policies
+
+
+@functools.lru_cache(maxsize=_COMPILED_LIMIT)
+def _compile(source: str) -> CompiledGpuSelector | GpuSelectorError:
     try:
         program = cel.compile(source)
     except (ValueError, RuntimeError) as exc:
-        raise GpuSelectorError(f"gpuSelector {source!r} does not parse: {_parse_detail(str(exc))}") from None
+        return GpuSelectorError(f"gpuSelector {source!r} does not parse: {_parse_detail(str(exc))}")
     names = None if _WALKING_MACROS.search(source) else frozenset(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source))
     return CompiledGpuSelector(source, program, names)
+
+
+def compile_gpu_selector(source: str) -> CompiledGpuSelector:
+    """Compile a ``gpuSelector.cel`` expression, or a :class:`GpuSelectorError` that says
+    where it does not parse.
+
+    Compiled once per expression (the last 256 distinct ones are kept, and so are parse
+    errors): every node reconcile gets the same selector back, with its memo of verdicts."""
+    compiled = _compile(source)
+    if isinstance(compiled, GpuSelectorError):
+        raise GpuSelectorError(str(compiled))
+    return compiled
+
+
+def forget_compiled_selectors() -> None:
+    """Drop every compiled selector and its memo (benchmarks measure the cold cost with it)."""
+    _compile.cache_clear()
