@@ -3,7 +3,7 @@ for, and the conditions Ready / Progressing / Degraded (Kubernetes conventions).
 
 Pure. ``lastTransitionTime`` moves only when a condition's status changes, so a resync that
 finds nothing new produces an identical status and no write.
-Not for: writing the status (the handlers do that).
+Not for: writing the status (``tessera.controller.runtime`` does that).
 """
 
 from __future__ import annotations
