@@ -259,16 +259,6 @@ def test_a_selector_error_is_reported_only_on_the_policy_it_belongs_to() -> None
     assert _condition(_status(fleet, "shared"), "Degraded")[:2] == (ConditionStatus.FALSE, "AsExpected")
 
 
-def test_a_parse_error_makes_the_policy_degraded() -> None:
-    status = policy_status(_policy(), _tallied(), None, parse_error="spec.mig: unknown MIG profile 9g.1gb")
-
-    assert _condition(status, "Degraded") == (
-        ConditionStatus.TRUE,
-        "PlanFailed",
-        "spec.mig: unknown MIG profile 9g.1gb",
-    )
-
-
 def test_a_drain_is_progressing_and_says_what_it_waits_for() -> None:
     fleet = _applied_fleet(2, claims=[claim_body("c", ["gpu-1"])])
     fleet.set_policy(policy_body("shared", generation=2, strategy="TimeSlicing", timeSlicing={"replicas": 8}))

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tessera import DRIVER_NAME
-from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
-from tessera.models.layout import GpuLayout
+from tessera.controller.state import ClaimHold, Fleet, claim_hold
 from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
 from tests.dra_gpus import gpu, mig_gpu
 
@@ -271,22 +270,16 @@ def test_gpu_nodes_are_the_nodes_with_a_layout_sorted_by_name() -> None:
     assert [v.name for v in fleet.gpu_nodes()] == ["node-a", "node-c"]
 
 
-def test_remove_node_forgets_its_drains_and_published_counts_only() -> None:
+def test_remove_node_forgets_its_published_counts_only() -> None:
     fleet = Fleet()
     for name in (NODE, "node-2"):
         fleet.set_node(node_body(name))
-        fleet.published[name] = 3
         fleet.published_by_gpu[(name, "GPU-a")] = 3
-        fleet.drains[(name, "GPU-a")] = DrainState(
-            name, "GPU-a", 0, None, GpuLayout(uuid="GPU-a"), frozenset({"gpu-0"}), ("default/c",), 0.0
-        )
 
     fleet.remove_node(NODE)
 
     assert set(fleet.nodes) == {"node-2"}
-    assert set(fleet.published) == {"node-2"}
     assert set(fleet.published_by_gpu) == {("node-2", "GPU-a")}
-    assert set(fleet.drains) == {("node-2", "GPU-a")}
 
 
 def test_an_invalid_policy_is_recorded_as_an_error_until_it_is_fixed() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -17,12 +17,12 @@ from tessera.dra.devices import (
     memory_slice_counter,
     mps_memory_capacity,
 )
-from tessera.dra.limits import quantity_value, validate_device
+from tessera.dra.limits import validate_device
 from tessera.models.catalog import MEMORY_SLICES, MODELS, model_by_key
 from tessera.models.devices import DeviceKind, parse_device_name
 from tessera.models.layout import GpuStatus, Health
 from tessera.models.policy import MpsMemory, MpsSpec, ShareStrategy, Strategy
-from tessera.models.quantity import MIB
+from tessera.models.quantity import MIB, quantity_value
 from tests.dra_gpus import dynamic_gpu, every_strategy, gpu, instance, mig_gpu, mps_gpu, time_sliced_gpu
 
 GIB = 1024**3
@@ -33,7 +33,7 @@ def attr(device: dict[str, Any], name: str) -> Any:
     return value
 
 
-def cap(device: dict[str, Any], name: str) -> Decimal:
+def cap(device: dict[str, Any], name: str) -> Fraction:
     return quantity_value(device["capacity"][name]["value"])
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from decimal import Decimal
 from typing import Any
 
 import pytest
 
-from tessera.dra.limits import quantity_value, validate_device, validate_pool, validate_slice
+from tessera.dra.limits import validate_device, validate_pool, validate_slice
 from tessera.dra.slices import NodeRef, build_node_slices
 from tests.dra_gpus import NODE_UID, dynamic_gpu, gpu, mps_gpu, time_sliced_gpu
 
@@ -145,23 +144,3 @@ def test_pool_rules_catch_duplicates_missing_counters_and_mixed_generations() ->
     miscounted = copy.deepcopy(slices)
     miscounted[0]["spec"]["pool"]["resourceSliceCount"] = 9
     assert any("resourceSliceCount" in p for p in validate_pool(miscounted))
-
-
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("81559Mi", Decimal(81559 * 2**20)),
-        ("100", Decimal(100)),
-        ("500m", Decimal("0.5")),
-        ("1e3", Decimal(1000)),
-        ("1.5Gi", Decimal(3 * 2**29)),
-        ("10G", Decimal(10**10)),
-    ],
-)
-def test_quantities_are_read_by_value(text: str, value: Decimal) -> None:
-    assert quantity_value(text) == value
-
-
-def test_a_malformed_quantity_is_refused() -> None:
-    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
-        quantity_value("four gigs")

@@ -13,12 +13,13 @@ import pytest
 
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.diff import plan_slice_writes
-from tessera.dra.limits import quantity_value, validate_slice
+from tessera.dra.limits import validate_slice
 from tessera.dra.slices import NodeRef, build_node_slices
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
 from tessera.models.layout import Health
+from tessera.models.quantity import quantity_value
 from tests.dra_gpus import every_strategy
 from tests.integration.kube_helpers import apply, get, unschedulable
 

@@ -7,6 +7,7 @@ The package is layered (an import-linter contract keeps it so):
 __version__ = "0.1.0"
 
 API_GROUP = "tessera.dev"
-API_VERSION = "v1alpha1"
+API_VERSION = "v1alpha1"  # of Tessera's own kinds: SharingPolicy, NodeLayout
+RESOURCE_API_VERSION = "resource.k8s.io/v1"  # of the DRA kinds: ResourceSlice, DeviceClass, ResourceClaim
 DRIVER_NAME = "gpu.tessera.dev"
 INSTALL_NAMESPACE = "tessera-system"

@@ -151,7 +151,11 @@ class Blocker:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuPlan:
+class GpuChangePlan:
+    """What the agent does to one GPU this pass: the operations toward its desired layout and
+    what blocks the rest (not the operator's :class:`tessera.planner.GpuPlan`, which says
+    which policy won the GPU and the layout it wants)."""
+
     gpu_uuid: str
     gpu_index: int
     operations: tuple[Operation, ...] = ()
@@ -171,7 +175,7 @@ def _wants_mig(strategy: Strategy) -> bool:
     return strategy in (Strategy.MIG, Strategy.DYNAMIC_MIG)
 
 
-def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
+def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuChangePlan:
     """The operations that move ``gpu`` toward ``desired``, and what blocks the rest."""
     ops: list[Operation] = []
     blockers: list[Blocker] = []
@@ -200,10 +204,10 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
         blockers.append(Blocker(reason, f"{where}: {message}"))
 
     if desired is None:
-        return GpuPlan(gpu.uuid, gpu.index)
+        return GpuChangePlan(gpu.uuid, gpu.index)
     if gpu.health is Health.LOST:
         block(BlockReason.GPU_LOST, gpu.health_message or "the GPU is lost; reset it or reboot the node")
-        return GpuPlan(gpu.uuid, gpu.index, (), tuple(blockers))
+        return GpuChangePlan(gpu.uuid, gpu.index, (), tuple(blockers))
 
     strategy = desired.strategy
     want_mig = _wants_mig(strategy)
@@ -212,14 +216,14 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
             BlockReason.MIG_NOT_SUPPORTED,
             f"{gpu.product_name} does not support MIG; strategy {strategy} cannot apply",
         )
-        return GpuPlan(gpu.uuid, gpu.index, (), tuple(blockers))
+        return GpuChangePlan(gpu.uuid, gpu.index, (), tuple(blockers))
 
     # -- which instances to keep, destroy, create --
     wanted: list[PlacedInstance] = list(desired.mig_instances) if strategy is Strategy.MIG else []
     invalid = _invalid_instances(wanted, gpu)
     if invalid:
         block(BlockReason.INVALID_LAYOUT, invalid)
-        return GpuPlan(gpu.uuid, gpu.index, (), tuple(blockers))
+        return GpuChangePlan(gpu.uuid, gpu.index, (), tuple(blockers))
 
     keep: list[MigInstanceInfo] = []
     destroy: list[MigInstanceInfo] = []
@@ -326,7 +330,7 @@ def plan_gpu(desired: GpuLayout | None, gpu: GpuInfo) -> GpuPlan:
             elif inst.mps_defaults != wanted_defaults:
                 op(OpKind.SET_MPS_DEFAULTS, device_uuid=inst.uuid, defaults=wanted_defaults)
 
-    return GpuPlan(gpu.uuid, gpu.index, tuple(ops), tuple(blockers))
+    return GpuChangePlan(gpu.uuid, gpu.index, tuple(ops), tuple(blockers))
 
 
 def _matched(keep: list[MigInstanceInfo], desired: GpuLayout, strategy: Strategy) -> list[MigInstanceInfo]:
@@ -367,7 +371,7 @@ def _invalid_instances(wanted: list[PlacedInstance], gpu: GpuInfo) -> str:
     return "; ".join(problems)
 
 
-def plan_node(spec: NodeLayoutSpec, inventory: Inventory) -> list[GpuPlan]:
+def plan_node(spec: NodeLayoutSpec, inventory: Inventory) -> list[GpuChangePlan]:
     """One plan per GPU of the node, in index order."""
     return [plan_gpu(spec.for_gpu(g.uuid), g) for g in sorted(inventory.gpus, key=lambda g: g.index)]
 
@@ -470,13 +474,13 @@ class ApplyResult:
     """What ``apply_layout`` did and what is left: the last inventory and plans tell the status."""
 
     inventory: Inventory
-    plans: list[GpuPlan]
+    plans: list[GpuChangePlan]
     executed: list[Operation] = field(default_factory=list)
     failures: list[OperationFailure] = field(default_factory=list)
     refusals: list[tuple[Operation, Blocker]] = field(default_factory=list)  # what the guard stopped
     rounds: int = 0
 
-    def plan(self, gpu_uuid: str) -> GpuPlan | None:
+    def plan(self, gpu_uuid: str) -> GpuChangePlan | None:
         return next((p for p in self.plans if p.gpu_uuid == gpu_uuid), None)
 
     def failures_of(self, gpu_uuid: str) -> list[OperationFailure]:
@@ -555,7 +559,7 @@ def apply_layout(
     return result
 
 
-def _with_failures(plan: GpuPlan, result: ApplyResult) -> GpuPlan:
+def _with_failures(plan: GpuChangePlan, result: ApplyResult) -> GpuChangePlan:
     failures = result.failures_of(plan.gpu_uuid)
     refusals = result.refusals_of(plan.gpu_uuid)
     if not (failures or refusals) or not plan.operations:
@@ -565,4 +569,4 @@ def _with_failures(plan: GpuPlan, result: ApplyResult) -> GpuPlan:
         reason = BlockReason.INSTANCE_IN_USE if isinstance(f.error, InUseError) else BlockReason.OPERATION_FAILED
         step = f.operation.describe().split(": ", 1)[1]
         extra.append(Blocker(reason, f"GPU {plan.gpu_index}: {step} failed: {f.error}"))
-    return GpuPlan(plan.gpu_uuid, plan.gpu_index, plan.operations, (*plan.blockers, *extra))
+    return GpuChangePlan(plan.gpu_uuid, plan.gpu_index, plan.operations, (*plan.blockers, *extra))

@@ -21,7 +21,7 @@ Not for: talking to Kubernetes or to GPUs.
 from __future__ import annotations
 
 from tessera.agent.backends.base import GpuInfo, Inventory
-from tessera.agent.reconciler import BlockReason, GpuPlan
+from tessera.agent.reconciler import BlockReason, GpuChangePlan
 from tessera.models.catalog import model_for_product
 from tessera.models.conditions import Condition, set_condition
 from tessera.models.layout import (
@@ -84,7 +84,11 @@ def _observed_strategy(gpu: GpuInfo, desired: GpuLayout | None) -> Strategy:
 
 
 def gpu_status(
-    gpu: GpuInfo, desired: GpuLayout | None, plan: GpuPlan | None, driver_version: str = "", cuda_version: str = ""
+    gpu: GpuInfo,
+    desired: GpuLayout | None,
+    plan: GpuChangePlan | None,
+    driver_version: str = "",
+    cuda_version: str = "",
 ) -> GpuStatus:
     """One GPU's status: inventory, the layout in force, and whether it matches the spec."""
     strategy = _observed_strategy(gpu, desired)
@@ -157,7 +161,7 @@ def _model_key(product_name: str) -> str | None:
     return m.key if m is not None else None
 
 
-def _reasons(inventory: Inventory, plans: list[GpuPlan]) -> list[tuple[str, str]]:
+def _reasons(inventory: Inventory, plans: list[GpuChangePlan]) -> list[tuple[str, str]]:
     """(reason, message) for every problem on the node, most important first."""
     found: list[tuple[str, str]] = []
     if inventory.problem:
@@ -181,7 +185,7 @@ def _reasons(inventory: Inventory, plans: list[GpuPlan]) -> list[tuple[str, str]
 def build_status(
     inventory: Inventory,
     spec: NodeLayoutSpec,
-    plans: list[GpuPlan],
+    plans: list[GpuChangePlan],
     *,
     backend: str,
     agent_version: str,

@@ -39,6 +39,7 @@ from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.processes import TesseraProcesses
 from tessera.localcluster.workloads import claim_template, pod_with_claim, show_devices_args
+from tessera.models.attributes import COMPUTE_CAPACITY, MEMORY_CAPACITY
 from tessera.models.crd import crds
 from tessera.models.quantity import format_bytes, parse_quantity
 
@@ -396,7 +397,7 @@ def _wait_agents_caught_up(target: Any, nodes: list[str], timeout: float) -> Non
 
 
 def _memory(device: dict[str, Any]) -> str:
-    value = device.get("capacity", {}).get("memory", {}).get("value")
+    value = device.get("capacity", {}).get(MEMORY_CAPACITY, {}).get("value")
     if value is None:
         return ""
     gib = parse_quantity(str(value)) / 2**30
@@ -458,6 +459,6 @@ def picture(target: Any, nodes: list[str]) -> str:
 
 
 def _quantity_text(name: str, value: str) -> str:
-    if name == "memory":
+    if name == MEMORY_CAPACITY:
         return format_bytes(parse_quantity(value))
-    return f"{value}%" if name == "compute" else value
+    return f"{value}%" if name == COMPUTE_CAPACITY else value

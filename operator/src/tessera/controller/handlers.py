@@ -73,17 +73,12 @@ async def cleanup(memo: Any, **_: Any) -> None:
 @kopf.on.create(*POLICIES, registry=registry)
 @kopf.on.update(*POLICIES, registry=registry)
 async def policy_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
-    controller = _controller(memo)
-    if controller.fleet.set_policy(dict(body)):
-        controller.policies_changed()
-    controller.status_changed()
+    _controller(memo).policy_seen(dict(body))
 
 
 @kopf.on.delete(*POLICIES, registry=registry)
 async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
-    controller = _controller(memo)
-    controller.fleet.remove_policy(name)
-    controller.policies_changed()  # its GPUs fall to the next policy, or stay as they are (unmanaged)
+    _controller(memo).policy_deleted(name)
 
 
 # -- Nodes, NodeLayouts, ResourceClaims ----------------------------------------------------
@@ -91,41 +86,19 @@ async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
 
 @kopf.on.event("", "v1", "nodes", registry=registry)
 async def node_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    controller = _controller(memo)
-    body = event["object"]
-    name = body["metadata"]["name"]
-    if event["type"] == "DELETED":
-        controller.enqueue(name)
-        controller.fleet.nodes.pop(name, None)
-        return
-    if controller.fleet.set_node(body):
-        controller.enqueue(name)
+    _controller(memo).node_seen(str(event["type"]), event["object"])
 
 
 @kopf.on.event(*LAYOUTS, registry=registry)
 async def layout_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    controller = _controller(memo)
-    body = event["object"]
-    name = body["metadata"]["name"]
-    if event["type"] == "DELETED":
-        controller.fleet.remove_layout(name)
-    else:
-        controller.fleet.set_layout(body)
-    controller.enqueue(name)
+    _controller(memo).layout_seen(str(event["type"]), event["object"])
 
 
 @kopf.on.event(*CLAIMS, registry=registry)
 async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     if memo.claim_watch_delay:  # fault injection: a watch that lags behind the scheduler
         await asyncio.sleep(memo.claim_watch_delay)
-    controller = _controller(memo)
-    body = event["object"]
-    meta = body["metadata"]
-    if event["type"] == "DELETED":
-        nodes = controller.fleet.remove_claim(meta.get("namespace", ""), meta["name"])
-    else:
-        nodes = controller.fleet.set_claim(body)
-    controller.enqueue(*sorted(nodes))
+    _controller(memo).claim_seen(str(event["type"]), event["object"])
 
 
 @kopf.on.event(*SLICES, labels={MANAGED_BY_LABEL: MANAGED_BY}, registry=registry)

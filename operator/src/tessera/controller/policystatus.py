@@ -3,7 +3,7 @@ for, and the conditions Ready / Progressing / Degraded (Kubernetes conventions).
 
 Pure. ``lastTransitionTime`` moves only when a condition's status changes, so a resync that
 finds nothing new produces an identical status and no write.
-Not for: writing the status (the handlers do that).
+Not for: writing the status (``tessera.controller.runtime`` does that).
 """
 
 from __future__ import annotations
@@ -101,19 +101,16 @@ def _first(items: tuple[str, ...], limit: int = 3) -> str:
     return "; ".join(items[:limit]) + (f"; and {more} more" if more > 0 else "")
 
 
-def policy_status(
-    policy: SharingPolicy, t: PolicyTally, previous: SharingPolicyStatus | None, parse_error: str | None = None
-) -> SharingPolicyStatus:
+def policy_status(policy: SharingPolicy, t: PolicyTally, previous: SharingPolicyStatus | None) -> SharingPolicyStatus:
     """The status to write for ``policy``."""
     generation = policy.metadata.generation
     conditions = list(previous.conditions) if previous is not None else []
-    problems = ((parse_error,) if parse_error else ()) + t.errors
     if t.missing:  # first: a workload has lost its device, whatever else is wrong
         conditions = set_condition(
             conditions, "Degraded", True, "AllocatedDeviceMissing", _first(t.missing), generation
         )
-    elif problems:
-        conditions = set_condition(conditions, "Degraded", True, "PlanFailed", _first(problems), generation)
+    elif t.errors:
+        conditions = set_condition(conditions, "Degraded", True, "PlanFailed", _first(t.errors), generation)
     elif t.timed_out:
         conditions = set_condition(
             conditions, "Degraded", True, "DrainTimeout",
@@ -140,7 +137,7 @@ def policy_status(
     elif t.applied == t.gpus:
         reason, message, ready = "Applied", f"{t.applied}/{where}", True
     else:
-        reason = "Degraded" if problems or t.timed_out or t.missing else ("Draining" if waiting else "Applying")
+        reason = "Degraded" if t.errors or t.timed_out or t.missing else ("Draining" if waiting else "Applying")
         message, ready = f"{t.applied}/{where} applied", False
     conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
     order = {"Ready": 0, "Progressing": 1, "Degraded": 2}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -425,6 +425,47 @@ class Controller:
         self.slices[node] = sorted(current.values(), key=lambda s: str(s["metadata"]["name"]))
         log.info("published ResourceSlices", node=node, generation=plan.generation, created=len(plan.creates),
                  updated=len(plan.updates), deleted=len(plan.deletes))
+
+    # -- watch events (what the handlers hand over) ----------------------------------------
+
+    def policy_seen(self, body: Mapping[str, Any]) -> None:
+        """A SharingPolicy was created, changed or seen at start: decide every node again
+        when what it asks for changed; its status is due either way."""
+        if self.fleet.set_policy(body):
+            self.policies_changed()
+        self.status_changed()
+
+    def policy_deleted(self, name: str) -> None:
+        """Its GPUs fall to the next policy, or stay as they are (unmanaged)."""
+        self.fleet.remove_policy(name)
+        self.policies_changed()
+
+    def node_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """A Node event: a deleted Node is forgotten by its next reconcile; one whose labels
+        changed is decided again."""
+        name = str(body["metadata"]["name"])
+        if event_type == "DELETED":
+            self.enqueue(name)
+            self.fleet.nodes.pop(name, None)
+        elif self.fleet.set_node(body):
+            self.enqueue(name)
+
+    def layout_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
+        name = str(body["metadata"]["name"])
+        if event_type == "DELETED":
+            self.fleet.remove_layout(name)
+        else:
+            self.fleet.set_layout(body)
+        self.enqueue(name)
+
+    def claim_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """A ResourceClaim event: the nodes whose devices it holds or held are decided again."""
+        meta = body["metadata"]
+        if event_type == "DELETED":
+            nodes = self.fleet.remove_claim(str(meta.get("namespace", "")), str(meta["name"]))
+        else:
+            nodes = self.fleet.set_claim(body)
+        self.enqueue(*sorted(nodes))
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:
         """A watch event for one of our slices. Someone else's change (the kubelet wipes a

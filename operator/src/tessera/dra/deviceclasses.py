@@ -29,9 +29,10 @@ from typing import Any
 
 import yaml
 
-from tessera.dra.devices import DRIVER, MEMORY, TYPE_GPU, TYPE_MIG, TYPE_SHARE
+from tessera import RESOURCE_API_VERSION
+from tessera.dra.devices import DRIVER, TYPE_GPU, TYPE_MIG, TYPE_SHARE
+from tessera.models.attributes import MEMORY_CAPACITY
 
-API_VERSION = "resource.k8s.io/v1"
 HIGH_MEMORY_THRESHOLD = "40Gi"
 WHOLE_GPU_CLASS = "whole-gpu.tessera.dev"
 EXTENDED_RESOURCE_NAME = "nvidia.com/gpu"  # what device-plugin era Pods ask for
@@ -51,7 +52,7 @@ def _device_class(name: str, cel: str, extended_resource: str | None = None) -> 
     if extended_resource:
         spec["extendedResourceName"] = extended_resource
     return {
-        "apiVersion": API_VERSION,
+        "apiVersion": RESOURCE_API_VERSION,
         "kind": "DeviceClass",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "tessera"}},
         "spec": spec,
@@ -63,7 +64,7 @@ def device_classes(extended_resource: str | None = EXTENDED_RESOURCE_NAME) -> li
     (None: no extended resource)."""
     high_memory = (
         f"{_IS_OURS} && {_type_is(TYPE_GPU, TYPE_MIG)} && "
-        f'device.capacity["{DRIVER}"].{MEMORY}.compareTo(quantity("{HIGH_MEMORY_THRESHOLD}")) > 0'
+        f'device.capacity["{DRIVER}"].{MEMORY_CAPACITY}.compareTo(quantity("{HIGH_MEMORY_THRESHOLD}")) > 0'
     )
     classes = [
         _device_class(DRIVER, _IS_OURS),

@@ -53,10 +53,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera import DRIVER_NAME
-from tessera.models.attributes import Attribute, gpu_attributes, memory_bytes, whole_gpu_attributes
-from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, GpuModel, MigProfile, ProfileKind
-from tessera.models.catalog import model_by_key as _model_by_key
-from tessera.models.catalog import model_for_product as _model_for_product
+from tessera.models.attributes import (
+    COMPUTE_CAPACITY,
+    MEMORY_CAPACITY,
+    SHARES_CAPACITY,
+    Attribute,
+    gpu_attributes,
+    memory_bytes,
+    whole_gpu_attributes,
+)
+from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, MigProfile, ProfileKind, catalog_model
 from tessera.models.devices import dynamic_mig_device_name, gpu_device_name, mig_device_name
 from tessera.models.layout import GpuStatus, Health, MigInstanceStatus
 from tessera.models.policy import MpsSpec, ShareStrategy, Strategy, TimeSlicingSpec
@@ -71,9 +77,6 @@ TYPE_GPU = "gpu"
 TYPE_MIG = "mig"
 TYPE_SHARE = "share"
 
-MEMORY = "memory"
-COMPUTE = "compute"
-SHARES = "shares"
 COMPUTE_PERCENT = 100
 COMPUTE_SLICES_COUNTER = "compute-slices"
 MEDIA_ENGINES_COUNTER = "media-engines"
@@ -159,9 +162,9 @@ def shared_capacity(total_memory: int, sharing: ShareStrategy, gpu: GpuStatus) -
     """The consumable capacity of a device shared by ``sharing`` (a whole GPU or a MIG instance)."""
     if sharing is ShareStrategy.TIME_SLICING:
         replicas = (gpu.time_slicing or TimeSlicingSpec()).replicas
-        return {MEMORY: advisory_memory_capacity(total_memory), SHARES: shares_capacity(replicas)}
+        return {MEMORY_CAPACITY: advisory_memory_capacity(total_memory), SHARES_CAPACITY: shares_capacity(replicas)}
     spec = gpu.mps or MpsSpec()
-    return {MEMORY: mps_memory_capacity(total_memory, spec), COMPUTE: mps_compute_capacity(spec)}
+    return {MEMORY_CAPACITY: mps_memory_capacity(total_memory, spec), COMPUTE_CAPACITY: mps_compute_capacity(spec)}
 
 
 def _taints(
@@ -226,7 +229,7 @@ def whole_gpu_device(gpu: GpuStatus, draining: Collection[str] = ()) -> Device:
     if gpu.multiprocessors:
         attrs["multiprocessors"] = {"int": gpu.multiprocessors}
     total = memory_bytes(gpu.memory_mib)
-    capacity = shared_capacity(total, sharing, gpu) if sharing else {MEMORY: _capacity(total)}
+    capacity = shared_capacity(total, sharing, gpu) if sharing else {MEMORY_CAPACITY: _capacity(total)}
     return _device(name, attrs, capacity, shared=sharing is not None, taints=_taints(gpu, name, gpu.uuid, draining))
 
 
@@ -254,7 +257,7 @@ def mig_instance_device(gpu: GpuStatus, instance: MigInstanceStatus, draining: C
     attrs["uuid"] = {"string": instance.uuid}
     attrs = _share_attributes(attrs, sharing)
     total = memory_bytes(instance.memory_mib)
-    capacity = shared_capacity(total, sharing, gpu) if sharing else {MEMORY: _capacity(total)}
+    capacity = shared_capacity(total, sharing, gpu) if sharing else {MEMORY_CAPACITY: _capacity(total)}
     taints = _taints(gpu, name, instance.uuid, draining)
     return _device(name, attrs, capacity, shared=sharing is not None, taints=taints)
 
@@ -287,18 +290,8 @@ def dynamic_mig_device(gpu: GpuStatus, profile: MigProfile, start: int, draining
     attrs = _mig_attributes(gpu, profile.name, start, profile.memory_slices, profile.multiprocessors)
     attrs["dynamic"] = {"bool": True}
     consumes = [{"counterSet": counter_set_name(gpu.index), "counters": placement_counters(profile, start)}]
-    capacity = {MEMORY: _capacity(memory_bytes(profile.memory_mib))}
+    capacity = {MEMORY_CAPACITY: _capacity(memory_bytes(profile.memory_mib))}
     return _device(name, attrs, capacity, taints=_taints(gpu, name, None, draining), consumes=consumes)
-
-
-def catalog_model(gpu: GpuStatus) -> GpuModel | None:
-    """The catalog entry of ``gpu``: by its model key, else by its NVML product name."""
-    if gpu.model:
-        try:
-            return _model_by_key(gpu.model)
-        except ValueError:
-            pass
-    return _model_for_product(gpu.product_name)
 
 
 def _overlaps(start: int, size: int, taken: Collection[MigInstanceStatus]) -> bool:
@@ -316,7 +309,7 @@ def build_gpu_devices(gpu: GpuStatus, draining: Collection[str] = ()) -> GpuDevi
         instances = sorted(gpu.mig_instances, key=lambda i: (i.start, i.profile))
         mig = [mig_instance_device(gpu, i, draining) for i in instances]
         return GpuDevices(gpu.index, gpu.uuid, tuple(sorted(mig, key=lambda d: str(d["name"]))))
-    model = catalog_model(gpu)
+    model = catalog_model(gpu.model, gpu.product_name)
     if model is None or not model.mig_capable:
         problem = f"GPU {gpu.index} ({gpu.product_name}) has no known MIG profiles; DynamicMIG publishes nothing"
         return GpuDevices(gpu.index, gpu.uuid, (), problems=(problem,))

@@ -28,12 +28,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from tessera.dra.devices import DRIVER
-from tessera.dra.limits import quantity_value
 from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, ResourceSlice
+from tessera.models.quantity import quantity_value
 
 _QUANTITY_KEYS = frozenset({"value", "default", "min", "max", "step"})
 
@@ -87,7 +87,7 @@ def _normal(value: Any, key: str | None = None, *, in_values: bool = False) -> A
         except ValueError:
             return value
     if isinstance(value, int) and not isinstance(value, bool) and (key in _QUANTITY_KEYS or in_values):
-        return Decimal(value)
+        return Fraction(value)
     return value
 
 

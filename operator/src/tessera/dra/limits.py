@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from decimal import Decimal
+from fractions import Fraction
 from typing import Any
+
+from tessera.models.quantity import quantity_value
 
 MAX_DEVICES = 128
 MAX_DEVICES_WITH_ADVANCED_FEATURES = 64
@@ -40,28 +42,6 @@ _SEMVER = re.compile(
     r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
     r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?$"
 )
-_QUANTITY = re.compile(r"^([+-]?[0-9]+(?:\.[0-9]*)?|[+-]?\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {
-    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
-}  # fmt: skip
-
-
-def quantity_value(text: str | int) -> Decimal:
-    """The exact value of a Kubernetes quantity (``"81559Mi"``, ``"100"``, ``"500m"``, ``"1e3"``)."""
-    if isinstance(text, int):
-        return Decimal(text)
-    match = _QUANTITY.match(text.strip())
-    if match is None:
-        raise ValueError(f"{text!r} is not a Kubernetes quantity")
-    number, suffix = match.group(1), match.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return Decimal(number) * Decimal(10) ** int(suffix[1:])
-    return Decimal(number) * _SUFFIX[suffix]
-
-
 def is_dns_label(name: str) -> bool:
     return len(name) <= 63 and _DNS_LABEL.match(name) is not None
 
@@ -95,13 +75,13 @@ def _check_attribute(where: str, value: Any) -> list[str]:
     return []
 
 
-def _check_on_step(where: str, what: str, value: Decimal, low: Decimal, step: Decimal) -> list[str]:
+def _check_on_step(where: str, what: str, value: Fraction, low: Fraction, step: Fraction) -> list[str]:
     if step > 0 and (value - low) % step:
         return [f"{where}: {what} {value} is not min plus a whole number of steps ({step})"]
     return []
 
 
-def _check_policy(where: str, total: Decimal, policy: dict[str, Any]) -> list[str]:
+def _check_policy(where: str, total: Fraction, policy: dict[str, Any]) -> list[str]:
     problems: list[str] = []
     values = policy.get("validValues") or []
     valid_range = policy.get("validRange")
@@ -284,7 +264,7 @@ def validate_pool(slices: Sequence[dict[str, Any]]) -> list[str]:
             if d["name"] in seen:
                 problems.append(f"pool: device name {d['name']!r} is published twice")
             seen.add(d["name"])
-    counter_sets: dict[str, dict[str, Decimal]] = {}
+    counter_sets: dict[str, dict[str, Fraction]] = {}
     for s in slices:
         for cs in s["spec"].get("sharedCounters") or []:
             if cs["name"] in counter_sets:

@@ -24,11 +24,11 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tessera import RESOURCE_API_VERSION
 from tessera.dra.devices import DRIVER, Device, GpuDevices, build_gpu_devices
 from tessera.dra.limits import MAX_DEVICES, MAX_DEVICES_WITH_ADVANCED_FEATURES
 from tessera.models.layout import GpuStatus, NodeLayoutStatus
 
-API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "tessera"
@@ -91,7 +91,7 @@ def _slice(node: NodeRef, name: str, body: dict[str, Any]) -> ResourceSlice:
         **body,
     }
     return {
-        "apiVersion": API_VERSION,
+        "apiVersion": RESOURCE_API_VERSION,
         "kind": KIND,
         "metadata": {
             "name": name,

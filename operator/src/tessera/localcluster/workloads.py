@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessera import RESOURCE_API_VERSION
+
 NO_IMAGE = "registry.invalid/none:0"  # nothing pulls it: there is no kubelet on the local cluster
 # What a container on a real node runs to show what it got: the device variables, one line
 # per /dev/nvidia* node, then "ready" (and it keeps running for as long as ``hold`` says).
@@ -37,7 +39,7 @@ def claim_template(
     if capacity:
         exactly["capacity"] = {"requests": capacity}
     return {
-        "apiVersion": "resource.k8s.io/v1",
+        "apiVersion": RESOURCE_API_VERSION,
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},

@@ -18,6 +18,12 @@ from tessera.models.quantity import MIB
 Attribute = dict[str, str | int | bool]
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 
+# The capacities a device is published with (``device.capacity["gpu.tessera.dev"].<name>``),
+# which claims consume and the kubelet plugin reads back from ``consumedCapacity``.
+MEMORY_CAPACITY = "memory"  # bytes: every device; consumable on shared (time-sliced, MPS) devices
+COMPUTE_CAPACITY = "compute"  # percent of the SMs, on MPS devices
+SHARES_CAPACITY = "shares"  # time-slicing replicas
+
 
 @cache  # pure, and a fleet has few distinct driver and CUDA versions
 def semver(text: str) -> str | None:

@@ -218,3 +218,14 @@ def model_for_product(product_name: str) -> GpuModel | None:
         if product_name == m.product_name or product_name in m.aliases:
             return m
     return None
+
+
+def catalog_model(model_key: str | None, product_name: str) -> GpuModel | None:
+    """The catalog model of a GPU, the one lookup the planner and the publisher share: by its
+    catalog key when the catalog knows the key, else by its NVML product name; None when the
+    catalog knows neither (the GPU is then planned and published without MIG)."""
+    if model_key:
+        known = MODELS_BY_KEY.get(model_key)
+        if known is not None:
+            return known
+    return model_for_product(product_name)

@@ -10,7 +10,7 @@ Not for: matching or planning (``tessera.planner``).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, Self
+from typing import Literal, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -414,7 +414,3 @@ class SharingPolicy(KubeModel):
     @property
     def name(self) -> str:
         return self.metadata.name
-
-
-def policy_from_kube(obj: dict[str, Any]) -> SharingPolicy:
-    return SharingPolicy.model_validate(obj)

@@ -1,13 +1,18 @@
-"""Kubernetes resource quantities ("40Gi", "10G", "500m") and Go durations ("1h30m").
+"""Kubernetes resource quantities ("40Gi", "10G", "500m", "1e3") and Go durations ("1h30m").
 
-Parsing only the forms Tessera accepts from users; the canonical string a quantity is
-published with comes from ``format_bytes``. Not a general arbitrary-precision quantity type.
+The one quantity parser: :func:`quantity_value` reads any quantity the apiserver accepts
+(sign, decimals, ``n``/``u``/``m``, ``k``…``E``, ``Ki``…``Ei``, exponents) exactly, and
+:func:`parse_quantity` rounds that up to whole bytes or units. ``Quantity`` (in the CRDs) takes
+only the plain forms users write; the canonical string a quantity is published with comes
+from ``format_bytes``. Not a general arbitrary-precision quantity type (no arithmetic, no
+canonical formatting of fractions).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from decimal import Decimal
+from fractions import Fraction
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
@@ -28,25 +33,46 @@ _SUFFIXES: dict[str, int] = {
     "Ei": 2**60,
 }
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
-_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+# Everything the apiserver reads as a quantity: a signed decimal number ("1", "1.", ".5"),
+# then a binary or decimal suffix or a decimal exponent ("1e3", "1E-3").
+_ANY_QUANTITY_RE = re.compile(
+    r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
+)
+_SCALE: dict[str, Fraction] = {
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    **{suffix: Fraction(unit) for suffix, unit in _SUFFIXES.items()},
+}
 
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(h|m|s|ms))+$"
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s)")
 _DURATION_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 
 
-def parse_quantity(text: str) -> int:
-    """Bytes (or units) in a quantity such as ``"40Gi"``; fractions round up to a whole unit."""
-    match = _QUANTITY_RE.match(text.strip())
+def quantity_value(text: str | int) -> Fraction:
+    """The exact value of a Kubernetes quantity: ``"81559Mi"``, ``"100"``, ``"500m"``, ``"1e3"``,
+    ``"-1.5Gi"``; a ValueError that says how to write one when ``text`` is not a quantity."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return Fraction(text)
+    match = _ANY_QUANTITY_RE.match(text.strip()) if isinstance(text, str) else None
     if match is None:
         raise ValueError(
-            f"{text!r} is not a quantity: write a number with an optional suffix, such as 4Gi, 512Mi or 10G"
+            f"{text!r} is not a quantity: write a number with an optional suffix (Ki, Mi, Gi, Ti, Pi, Ei, "
+            "n, u, m, k, M, G, T, P, E) or exponent, such as 4Gi, 512Mi, 10G, 500m or 1e3"
         )
-    suffix = match.group(2) or ""
-    number = Decimal(text.strip()[: len(text.strip()) - len(suffix)])
-    value = number * _SUFFIXES[suffix]
-    whole = int(value)
-    return whole if whole == value else whole + 1
+    sign, number, exponent, suffix = match.groups()
+    value = Fraction(number.removesuffix("."))
+    if exponent:
+        value *= Fraction(10) ** int(exponent[1:])
+    else:
+        value *= _SCALE[suffix or ""]
+    return -value if sign == "-" else value
+
+
+def parse_quantity(text: str) -> int:
+    """Bytes (or units) in a quantity such as ``"40Gi"``; fractions round up to a whole unit."""
+    return math.ceil(quantity_value(text))
 
 
 def format_bytes(value: int) -> str:

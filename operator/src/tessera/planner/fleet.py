@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec
+from tessera.models.catalog import catalog_model
+from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import PolicyConflict, SharingPolicy, SharingPolicySpec
-from tessera.planner.gpu import PlanError, PlanErrorReason, gpu_model, plan_gpu_layout
+from tessera.planner.gpu import PlanError, PlanErrorReason, plan_gpu_layout
 from tessera.planner.selector import (
     CompiledGpuSelector,
     FlatDevice,
@@ -79,11 +80,6 @@ class FleetPlan:
 
     def for_node(self, node: str) -> tuple[GpuPlan, ...]:
         return tuple(p for p in self.gpus if p.node == node)
-
-    def node_layout_spec(self, node: str) -> NodeLayoutSpec:
-        """NodeLayout.spec for ``node``: the layouts of its GPUs that could be planned (a GPU
-        with an error is left out; the operator keeps what it had for it)."""
-        return NodeLayoutSpec(gpus=[p.layout for p in self.for_node(node) if p.layout is not None])
 
     def of_policy(self, policy: str) -> tuple[GpuPlan, ...]:
         """The GPUs ``policy`` won."""
@@ -181,7 +177,7 @@ def _plan(
     memo: dict[tuple[object, ...], GpuLayout | PlanError], name: str | None, spec: SharingPolicySpec, gpu: GpuStatus
 ) -> GpuLayout | PlanError:
     """plan_gpu_layout, memoised on everything about the GPU the plan depends on."""
-    model = gpu_model(gpu)
+    model = catalog_model(gpu.model, gpu.product_name)
     key = (
         name,
         id(spec),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
-from tessera.models.catalog import MODELS_BY_KEY, GpuModel, MigProfile, ProfileKind, model_for_product
+from tessera.models.catalog import MODELS_BY_KEY, GpuModel, MigProfile, ProfileKind, catalog_model
 from tessera.models.layout import GpuLayout, GpuStatus, MigInstanceStatus, PlacedInstance
 from tessera.models.policy import MigPreset, SharingPolicySpec, Strategy
 from tessera.planner.mig import Blocked, Impossible, Placement, place, request_of
@@ -56,13 +56,6 @@ class PlanError(Exception):
         self.message = message
         self.blocking = tuple(blocking)
         self.when_idle = when_idle
-
-
-def gpu_model(gpu: GpuStatus) -> GpuModel | None:
-    """The catalog model of ``gpu``: by its catalog key, else by its NVML product name."""
-    if gpu.model is not None:
-        return MODELS_BY_KEY.get(gpu.model)
-    return model_for_product(gpu.product_name)
 
 
 def requested_profiles(spec: SharingPolicySpec, model: GpuModel) -> list[MigProfile]:
@@ -114,7 +107,7 @@ def plan_gpu_layout(spec: SharingPolicySpec, gpu: GpuStatus, *, policy: str | No
         if busy:
             _raise_blocked_mode(gpu, base, busy, f"strategy {spec.strategy.value} turns MIG off")
         return base
-    model = gpu_model(gpu)
+    model = catalog_model(gpu.model, gpu.product_name)
     if model is None or not model.mig_capable or not gpu.mig_capable:
         raise PlanError(PlanErrorReason.NO_MIG, _no_mig_message(gpu, spec.strategy, model))
     if not gpu.mig_mode_current and gpu.in_use:

@@ -9,8 +9,9 @@ capacities are quantities, with the methods of Kubernetes' CEL libraries:
 ``add``, ``sub``, ``sign``, ``isInteger``, ``asInteger``, ``asApproximateFloat``; and
 ``semver("580.0.0")``, ``isSemver``, ``major``, ``minor``, ``patch`` plus the comparisons.
 
-Evaluation is memoised per expression on the attributes the expression can read, so a fleet
-of identical GPUs costs one evaluation per distinct GPU kind, not one per GPU.
+An expression is compiled once (a bounded cache keyed by its text) and its evaluation is
+memoised on the attributes the expression can read, so a fleet of identical GPUs costs one
+evaluation per distinct GPU kind, not one per GPU, and not one per node reconcile.
 Not for: admission checks of the expression (the apiserver has no CEL for our selector; bad
 expressions surface here as a :class:`GpuSelectorError`, which the operator reports).
 """
@@ -18,6 +19,7 @@ expressions surface here as a :class:`GpuSelectorError`, which the operator repo
 from __future__ import annotations
 
 import contextvars
+import functools
 import re
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -27,9 +29,10 @@ from typing import Any
 import cel
 
 from tessera import DRIVER_NAME
-from tessera.models.attributes import PCIE_ROOT_ATTRIBUTE, whole_gpu_attributes
+from tessera.models.attributes import MEMORY_CAPACITY, PCIE_ROOT_ATTRIBUTE, whole_gpu_attributes
 from tessera.models.layout import GpuStatus
 from tessera.models.quantity import MIB
+from tessera.models.quantity import quantity_value as parse_kube_quantity
 
 _QUANTITY_TAG = "__quantity__"
 _SEMVER_TAG = "__semver__"
@@ -37,7 +40,7 @@ _SEMVER_TAG = "__semver__"
 # qualified name -> the attribute or capacity in its hashable wire form, e.g. ("string", "x").
 FlatDevice = dict[str, tuple[str, Hashable]]
 _CAPACITY = "capacity/"
-_MEMORY = f"{_CAPACITY}{DRIVER_NAME}/memory"
+_MEMORY = f"{_CAPACITY}{DRIVER_NAME}/{MEMORY_CAPACITY}"
 
 # Macros that can walk a map's keys: with them, any attribute may be read, so no pruning.
 _WALKING_MACROS = re.compile(r"\b(all|exists|exists_one|map|filter|size)\s*\(")
@@ -52,12 +55,6 @@ class GpuSelectorError(ValueError):
 
 # ---------------------------------------------------------------- quantities and versions
 
-_QUANTITY_RE = re.compile(
-    r"^([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
-)
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1)}
-_DECIMAL.update({s: Fraction(10 ** (3 * i)) for i, s in enumerate("kMGTPE", start=1)})
-_BINARY = {s: Fraction(2 ** (10 * i)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)}
 _SEMVER_RE = re.compile(
     r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$"
 )
@@ -77,18 +74,10 @@ def _fail(message: str) -> None:
 
 def parse_cel_quantity(text: str) -> Fraction | None:
     """The exact value of a Kubernetes quantity string, or None when it is not one."""
-    match = _QUANTITY_RE.match(text)
-    if match is None:
+    try:
+        return parse_kube_quantity(text)
+    except ValueError:
         return None
-    sign, number, exponent, suffix = match.groups()
-    value = Fraction(number if not number.endswith(".") else number[:-1])
-    if exponent:
-        value *= Fraction(10) ** int(exponent[1:])
-    elif suffix in _BINARY:
-        value *= _BINARY[suffix]
-    else:
-        value *= _DECIMAL[suffix or ""]
-    return -value if sign == "-" else value
 
 
 def quantity_value(value: Fraction) -> dict[str, str]:
@@ -357,12 +346,31 @@ def _parse_detail(text: str) -> str:
     return f"at {where}: {message}"
 
 
-def compile_gpu_selector(source: str) -> CompiledGpuSelector:
-    """Compile a ``gpuSelector.cel`` expression, or a :class:`GpuSelectorError` that says
-    where it does not parse."""
+_COMPILED_LIMIT = 256  # distinct expressions kept compiled; a cluster has a handful of policies
+
+
+@functools.lru_cache(maxsize=_COMPILED_LIMIT)
+def _compile(source: str) -> CompiledGpuSelector | GpuSelectorError:
     try:
         program = cel.compile(source)
     except (ValueError, RuntimeError) as exc:
-        raise GpuSelectorError(f"gpuSelector {source!r} does not parse: {_parse_detail(str(exc))}") from None
+        return GpuSelectorError(f"gpuSelector {source!r} does not parse: {_parse_detail(str(exc))}")
     names = None if _WALKING_MACROS.search(source) else frozenset(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source))
     return CompiledGpuSelector(source, program, names)
+
+
+def compile_gpu_selector(source: str) -> CompiledGpuSelector:
+    """Compile a ``gpuSelector.cel`` expression, or a :class:`GpuSelectorError` that says
+    where it does not parse.
+
+    Compiled once per expression (the last 256 distinct ones are kept, and so are parse
+    errors): every node reconcile gets the same selector back, with its memo of verdicts."""
+    compiled = _compile(source)
+    if isinstance(compiled, GpuSelectorError):
+        raise GpuSelectorError(str(compiled))
+    return compiled
+
+
+def forget_compiled_selectors() -> None:
+    """Drop every compiled selector and its memo (benchmarks measure the cold cost with it)."""
+    _compile.cache_clear()

@@ -80,14 +80,13 @@ from tessera.agent.plugin.claims import (
     allocated_devices,
 )
 from tessera.agent.plugin.hardware import CONTROL_DEVICE_NODES, PluginBackend, device_nodes
+from tessera.models.attributes import COMPUTE_CAPACITY, MEMORY_CAPACITY
 from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
 from tessera.models.quantity import MIB, parse_quantity
 
 log = structlog.get_logger("tessera.agent.plugin")
 
 MPS_CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # inside the container, where NVIDIA's driver mounts it
-MEMORY = "memory"
-COMPUTE = "compute"
 
 
 # --- pure: limits, resolution, CDI content ------------------------------------------------------
@@ -107,14 +106,14 @@ def mps_limits(consumed: Mapping[str, str]) -> MpsLimits:
     Memory is rounded down to whole MiB so the limit never exceeds what was allocated."""
     percent = memory = None
     try:
-        if COMPUTE in consumed:
-            percent = parse_quantity(consumed[COMPUTE])
+        if COMPUTE_CAPACITY in consumed:
+            percent = parse_quantity(consumed[COMPUTE_CAPACITY])
             if not 1 <= percent <= 100:
-                raise ValueError(f"compute must be 1..100 percent, got {consumed[COMPUTE]}")
-        if MEMORY in consumed:
-            memory = parse_quantity(consumed[MEMORY]) // MIB
+                raise ValueError(f"compute must be 1..100 percent, got {consumed[COMPUTE_CAPACITY]}")
+        if MEMORY_CAPACITY in consumed:
+            memory = parse_quantity(consumed[MEMORY_CAPACITY]) // MIB
             if memory < 1:
-                raise ValueError(f"memory must be at least 1Mi, got {consumed[MEMORY]}")
+                raise ValueError(f"memory must be at least 1Mi, got {consumed[MEMORY_CAPACITY]}")
     except ValueError as error:
         raise ClaimError(f"the allocation's consumedCapacity cannot be applied: {error}") from None
     return MpsLimits(percent, memory)
@@ -126,7 +125,7 @@ def is_mps_share(device: AllocatedDevice, pipe_directory: str | None) -> bool:
     monitoring container sees the device without joining its MPS server or its limits."""
     if device.admin_access:
         return False
-    return pipe_directory is not None or COMPUTE in device.consumed_capacity
+    return pipe_directory is not None or COMPUTE_CAPACITY in device.consumed_capacity
 
 
 def find_gpu(inventory: Inventory, ref: DeviceRef, device: str) -> GpuInfo:

@@ -1,0 +1,86 @@
+"""What the Kopf handlers hand the Controller: each watch event updates the fleet view and
+enqueues exactly the nodes it concerns (the handlers themselves only pass events on)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from tessera.controller.runtime import Controller
+from tessera.kube.objects import Api
+from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
+from tests.dra_gpus import gpu
+
+
+class RecordingController(Controller):
+    """A Controller with no API server that records what it enqueues instead of reconciling."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(Api, object()))
+        self.enqueued: list[str] = []
+
+    def enqueue(self, *nodes: str) -> None:
+        self.enqueued.extend(nodes)
+
+
+def test_a_node_is_enqueued_when_it_appears_or_its_labels_change_and_forgotten_when_deleted() -> None:
+    controller = RecordingController()
+
+    controller.node_seen("ADDED", node_body(labels={"pool": "a"}))
+    controller.node_seen("MODIFIED", node_body(labels={"pool": "a"}))
+    assert controller.enqueued == [NODE], "the same labels again change nothing"
+
+    controller.node_seen("MODIFIED", node_body(labels={"pool": "b"}))
+    assert controller.fleet.nodes[NODE].labels == {"pool": "b"}
+    controller.node_seen("DELETED", node_body(labels={"pool": "b"}))
+    assert controller.enqueued == [NODE, NODE, NODE]
+    assert NODE not in controller.fleet.nodes
+
+
+def test_a_layout_event_records_or_clears_the_layout_and_enqueues_its_node() -> None:
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    body = layout_body([gpu(0)])
+
+    controller.layout_seen("ADDED", body)
+    layout = controller.fleet.nodes[NODE].layout
+    assert layout is not None
+    assert layout.status is not None
+    assert [g.uuid for g in layout.status.gpus] == [gpu(0).uuid]
+
+    controller.layout_seen("DELETED", body)
+    assert controller.fleet.nodes[NODE].layout is None
+    assert controller.enqueued == [NODE, NODE, NODE]
+
+
+def test_a_claim_event_enqueues_every_node_whose_devices_it_holds_or_held() -> None:
+    controller = RecordingController()
+    claim = claim_body("c", [("node-b", "gpu-0"), ("node-a", "gpu-1")], pods=["p"])
+
+    controller.claim_seen("ADDED", claim)
+    assert controller.enqueued == ["node-a", "node-b"]
+    assert "default/c" in controller.fleet.claims
+
+    controller.claim_seen("MODIFIED", claim)
+    assert controller.enqueued == ["node-a", "node-b"], "an unchanged allocation concerns no node"
+
+    controller.claim_seen("DELETED", claim)
+    assert controller.enqueued == ["node-a", "node-b", "node-a", "node-b"]
+    assert controller.fleet.claims == {}
+
+
+def test_a_policy_change_decides_every_node_again_and_an_unchanged_one_does_not() -> None:
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    controller.enqueued.clear()
+
+    controller.policy_seen(policy_body("shared", strategy="TimeSlicing", timeSlicing={"replicas": 4}))
+    assert controller.policy_epoch == 1
+    assert controller.enqueued == [NODE]
+
+    controller.policy_seen(policy_body("shared", strategy="TimeSlicing", timeSlicing={"replicas": 4}))
+    assert controller.policy_epoch == 1, "a resumed policy asking for the same is no change"
+
+    controller.policy_deleted("shared")
+    assert "shared" not in controller.fleet.policies
+    assert controller.policy_epoch == 2
+    assert controller.enqueued == [NODE, NODE]
