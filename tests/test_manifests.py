@@ -265,15 +265,15 @@ OPERATOR_RESOURCES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): [(KOPF_OBSERVER, "references.CRDS")],
 }
 AGENT_RESOURCES = {
-    ("", "nodes"): [("kube/nodelayouts.py", "read_node(")],
-    ("tessera.dev", "nodelayouts"): [("kube/nodelayouts.py", "create_cluster_custom_object(")],
-    ("tessera.dev", "nodelayouts/status"): [("kube/nodelayouts.py", "replace_cluster_custom_object_status(")],
+    ("", "nodes"): [("kube/nodelayouts.py", 'resource_path("", "v1", "nodes", name)')],
+    ("tessera.dev", "nodelayouts"): [("kube/nodelayouts.py", "api.create(")],
+    ("tessera.dev", "nodelayouts/status"): [("kube/nodelayouts.py", 'subresource="status"')],
     ("resource.k8s.io", "resourceclaims"): [
-        ("agent/plugin/claims.py", "read_namespaced_resource_claim("),
-        ("kube/claims.py", "list_resource_claim_for_all_namespaces("),
+        ("agent/plugin/claims.py", "read_resource_claim("),
+        ("kube/claims.py", "api.list("),
     ],
-    ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", "patch_namespaced_custom_object_status(")],
-    ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", "apply-patch")],
+    ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", 'subresource="status"')],
+    ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", '"apply"')],
 }
 
 

@@ -24,7 +24,7 @@ from tessera.agent.health import HealthTracker
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginConfig, serve_plugin
 from tessera.agent.service import AgentConfig, NodeAgent
-from tessera.kube.client import make_api_client
+from tessera.kube.http import KubeClient
 from tessera.log import configure_logging
 
 log = structlog.get_logger(__name__)
@@ -145,7 +145,7 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
 
 
 async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
-    api = await make_api_client(args.kubeconfig)
+    api = KubeClient.from_environment(args.kubeconfig)
     config = AgentConfig(
         node_name=args.node_name,
         resync_seconds=args.resync_seconds,
