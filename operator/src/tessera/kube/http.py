@@ -31,7 +31,6 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
-import yaml
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates projected tokens well before they expire
@@ -121,6 +120,8 @@ class Credentials:
 def load_kubeconfig(path: str | Path) -> Credentials:
     """The credentials of a kubeconfig's current context. Relative file names are relative to
     the kubeconfig's folder, as kubectl reads them."""
+    import yaml  # here, not above: an agent in a Pod reads no kubeconfig and need not load YAML
+
     path = Path(path)
     config = yaml.safe_load(path.read_text()) or {}
     context_name = config.get("current-context")
