@@ -144,8 +144,7 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
     return NvmlBackend(mps_root=args.mps_root)
 
 
-async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
-    api = KubeClient.from_environment(args.kubeconfig)
+async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClient) -> None:
     config = AgentConfig(
         node_name=args.node_name,
         resync_seconds=args.resync_seconds,
@@ -201,10 +200,16 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, BackendError) as e:
         log.error("bad agent settings", error=str(e))
         return 2
+    try:
+        api = KubeClient.from_environment(args.kubeconfig)
+    except (OSError, ValueError) as e:
+        log.error("cannot read the API server's address and credentials", error=str(e))
+        backend.close()
+        return 2
     structlog.contextvars.bind_contextvars(node=args.node_name)
     log.info("starting the node agent", backend=backend.name, inventory=len(backend.inventory().gpus))
     try:
-        asyncio.run(_serve(args, backend))
+        asyncio.run(_serve(args, backend, api))
     finally:
         with contextlib.suppress(Exception):
             backend.close()
