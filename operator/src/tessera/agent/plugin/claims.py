@@ -6,7 +6,7 @@ claim's status. ``allocated_devices`` is the pure part: it checks that the claim
 the kubelet meant (same UID), is allocated, and has devices of our driver in this node's pool
 (pool name = node name), and says what is wrong otherwise. ``KubeClaimReader`` and
 ``KubeClaimStatusWriter`` are the only code of the plugin that talks to the Kubernetes API
-(the status write itself is ``tessera.kube.claimstatus``).
+(through ``tessera.kube.claims`` and ``tessera.kube.claimstatus``).
 Not for: preparing anything.
 """
 
