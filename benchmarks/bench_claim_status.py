@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from tessera.kube.claimstatus import apply_claim_device_status
-from tessera.kube.client import make_api_client
+from tessera.kube.http import KubeClient
 from tessera.localcluster import LocalCluster
 
 NODE = "bench-node"
@@ -80,8 +80,7 @@ async def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     with LocalCluster.start() as cluster:
         claims = _claims(cluster, args.claims)
-        client = await make_api_client(str(cluster.kubeconfig))
-        async with client:
+        async with KubeClient.from_environment(str(cluster.kubeconfig)) as client:
             await _measure(client, claims[:5], clear=False, concurrency=1)  # warm the connection
             await _measure(client, claims[:5], clear=True, concurrency=1)
             print(f"claim status writes, {args.claims} claims, local control plane")

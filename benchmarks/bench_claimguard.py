@@ -25,6 +25,7 @@ from tessera.agent.claimguard import ClaimGuard, allocated_devices_on_node
 from tessera.agent.reconciler import apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
+from tessera.kube.http import KubeClient
 from tessera.localcluster import LocalCluster
 from tessera.log import configure_logging
 from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
@@ -69,19 +70,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(api_client: client.ApiClient, reads: int) -> tuple[float, float, int]:
+async def measure(kube: KubeClient, reads: int) -> tuple[float, float, int]:
     """(p50 ms, p99 ms, devices of this node) of one check."""
     times = []
     found = 0
     for _ in range(reads):
         t = time.perf_counter()
-        claims = await list_resource_claims(api_client)
+        claims = await list_resource_claims(kube)
         found = len(allocated_devices_on_node(claims, DRIVER_NAME, NODE))
         times.append((time.perf_counter() - t) * 1000)
     return percentile(times, 0.5), percentile(times, 0.99), found
 
 
-async def repartition(api_client: client.ApiClient) -> tuple[int, float]:
+async def repartition(kube: KubeClient) -> tuple[int, float]:
     """A 7 x 1g.10gb GPU becomes one 7g.80gb: (claim reads, seconds) of the guarded apply."""
     backend = SimulatedBackend.from_spec(NODE, "1xH100-80GB")
     gpu = backend.inventory().gpus[0].uuid
@@ -95,7 +96,7 @@ async def repartition(api_client: client.ApiClient) -> tuple[int, float]:
     loop = asyncio.get_running_loop()
 
     def list_claims() -> list[dict[str, Any]]:
-        return asyncio.run_coroutine_threadsafe(list_resource_claims(api_client), loop).result(60)
+        return asyncio.run_coroutine_threadsafe(list_resource_claims(kube), loop).result(60)
 
     guard = ClaimGuard(list_claims, driver=DRIVER_NAME, node="no-claims-here", spec=big, published=published)
     t = time.perf_counter()
@@ -110,6 +111,7 @@ async def run(counts: list[int], reads: int) -> int:
     try:
         api_client = await cluster.api_client()
         api = client.CustomObjectsApi(api_client)
+        kube = KubeClient.from_environment(str(cluster.kubeconfig))  # the agent's client, for the checks
         cluster.kubectl("create", "namespace", NAMESPACE)
         rows = []
         made = 0
@@ -118,10 +120,11 @@ async def run(counts: list[int], reads: int) -> int:
             await fill(api, made, n)
             made = n
             print(f"{n} claims created and allocated in {time.perf_counter() - t:.1f}s", flush=True)
-            p50, p99, found = await measure(api_client, reads)
-            checks, seconds = await repartition(api_client)
+            p50, p99, found = await measure(kube, reads)
+            checks, seconds = await repartition(kube)
             rows.append((n, p50, p99, found, checks, seconds))
         await api_client.close()
+        await kube.close()
     finally:
         await asyncio.to_thread(cluster.stop)
     print(f"\none claim check = list every ResourceClaim (consistent read) + pick this node's ({reads} reads)")

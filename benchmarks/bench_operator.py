@@ -53,10 +53,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
-from kubernetes_asyncio import client, watch
 
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.service import AgentConfig, NodeAgent
+from tessera.kube.http import KubeClient, resource_path
 from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
 from tessera.kube.objects import Api
 from tessera.localcluster import LocalCluster
@@ -97,27 +97,20 @@ async def wait_until(predicate: Callable[[], Awaitable[T | None] | T | None], ti
         await asyncio.sleep(interval)
 
 
-async def watch_forever(api_client: client.ApiClient, group: str, version: str, plural: str,
-                        on_event: Callable[[str, dict[str, Any]], None], label_selector: str = "") -> None:
+async def watch_forever(api: KubeClient, group: str, version: str, plural: str,
+                        on_event: Callable[[str, dict[str, Any]], None], label_selector: str | None = None) -> None:
     """Call ``on_event(type, object)`` for every watch event, restarting the watch when it ends
     (a restarted watch begins with an ADDED event for every object, as a list would)."""
-    custom = client.CustomObjectsApi(api_client)
-    kwargs: dict[str, Any] = {"timeout_seconds": 1800}
-    if label_selector:
-        kwargs["label_selector"] = label_selector
     while True:
-        w = watch.Watch()
         try:
-            async with w.stream(custom.list_cluster_custom_object, group, version, plural, **kwargs) as stream:
-                async for event in stream:
-                    on_event(event["type"], event["object"])
+            async for kind, obj in api.watch(resource_path(group, version, plural), label_selector=label_selector,
+                                             timeout_seconds=1800):
+                on_event(kind, obj)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a broken watch is restarted, as the agent's is
             log.debug("watch ended; restarting it", plural=plural, error=str(exc))
             await asyncio.sleep(1.0)
-        finally:
-            w.stop()
 
 
 async def cancel(task: asyncio.Task[Any] | None) -> None:
@@ -195,11 +188,11 @@ def mib(n: int) -> str:
 class AgentFleet:
     """Every node's agent in this one process: a real NodeAgent per node, one shared watch."""
 
-    def __init__(self, api_client: client.ApiClient, nodes: list[str], simulate: str, concurrency: int) -> None:
-        self.api = api_client
+    def __init__(self, api: KubeClient, nodes: list[str], simulate: str, concurrency: int) -> None:
+        self.api = api
         self.agents = {
             name: NodeAgent(AgentConfig(name, metrics_port=None), SimulatedBackend.from_spec(name, simulate, None),
-                            api_client)
+                            api)
             for name in nodes
         }
         self.observed: dict[str, int | None] = {}  # generation each node's last good pass reported
@@ -270,8 +263,8 @@ class Published:
     (pool, sorted device kinds), and when the SharingPolicy last turned Ready with every GPU
     applied. ``last_slice_event`` times the slice that completed a rollout."""
 
-    def __init__(self, api_client: client.ApiClient, policy: str, gpus: int) -> None:
-        self.api = api_client
+    def __init__(self, api: KubeClient, policy: str, gpus: int) -> None:
+        self.api = api
         self.policy, self.gpus = policy, gpus
         self.slices: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.last_slice_event = 0.0
@@ -434,9 +427,10 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
     cluster = await asyncio.to_thread(LocalCluster.start)
     processes = TesseraProcesses(cluster, workdir / f"n{n}")
     api_client = await cluster.api_client()
-    api = Api(api_client)
+    api = Api(api_client)  # the operator's client, for the raw writes
+    kube = KubeClient.from_environment(str(cluster.kubeconfig))  # the agents' client, for the fleet and the watches
     fleet: AgentFleet | None = None
-    published = Published(api_client, POLICY, gpus)
+    published = Published(kube, POLICY, gpus)
     try:
         print(f"control plane up in {time.monotonic() - started:.1f}s", flush=True)
         cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
@@ -445,7 +439,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fig["create N Nodes (one kubectl create)"] = f"{time.monotonic() - t:.1f}s"
 
         t = time.monotonic()
-        fleet = agents = AgentFleet(api_client, nodes, args.simulate, args.concurrency)
+        fleet = agents = AgentFleet(kube, nodes, args.simulate, args.concurrency)
         agents.start()
         await wait_until(lambda: agents.reported() == n, phase_timeout,
                          "every NodeLayout to report its GPUs")
@@ -560,6 +554,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
             await fleet.stop()
         processes.stop_all()
         await api_client.close()
+        await kube.close()
         await asyncio.to_thread(cluster.stop)
 
 

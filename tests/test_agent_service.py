@@ -37,7 +37,7 @@ async def test_a_spec_the_agent_cannot_read_changes_nothing(monkeypatch: pytest.
 
     monkeypatch.setattr(service, "get_node_layout", get)
     monkeypatch.setattr(service, "write_node_layout_status", write)
-    agent = NodeAgent(AgentConfig(node_name="node-1", metrics_port=None), backend, api_client=None)
+    agent = NodeAgent(AgentConfig(node_name="node-1", metrics_port=None), backend, api=None)
 
     assert await agent.reconcile_once() is None
     after = backend.inventory().gpus[0]

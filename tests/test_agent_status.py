@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +120,16 @@ def test_the_agent_command_reads_its_environment(monkeypatch: pytest.MonkeyPatch
     assert len(backend.inventory().gpus) == 2
     with pytest.raises(ValueError, match="needs --simulate"):
         make_backend(parser.parse_args(["--backend", "simulated", "--simulate", ""]))
+
+
+def test_the_agent_command_without_a_readable_kubeconfig_says_so_and_exits_2(tmp_path: Path) -> None:
+    # A process of its own: the command configures logging for the whole process.
+    missing = tmp_path / "missing"
+    done = subprocess.run(
+        [sys.executable, "-m", "tessera", "agent", "--node-name", "gpu-7", "--simulate", "1xH100-80GB",
+         "--kubeconfig", str(missing), "--log-json"],
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "cannot read the API server's address and credentials" in done.stderr
+    assert str(missing) in done.stderr

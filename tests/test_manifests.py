@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import stat
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -265,15 +266,15 @@ OPERATOR_RESOURCES = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): [(KOPF_OBSERVER, "references.CRDS")],
 }
 AGENT_RESOURCES = {
-    ("", "nodes"): [("kube/nodelayouts.py", "read_node(")],
-    ("tessera.dev", "nodelayouts"): [("kube/nodelayouts.py", "create_cluster_custom_object(")],
-    ("tessera.dev", "nodelayouts/status"): [("kube/nodelayouts.py", "replace_cluster_custom_object_status(")],
+    ("", "nodes"): [("kube/nodelayouts.py", 'resource_path("", "v1", "nodes", name)')],
+    ("tessera.dev", "nodelayouts"): [("kube/nodelayouts.py", "api.create(")],
+    ("tessera.dev", "nodelayouts/status"): [("kube/nodelayouts.py", 'subresource="status"')],
     ("resource.k8s.io", "resourceclaims"): [
-        ("agent/plugin/claims.py", "read_namespaced_resource_claim("),
-        ("kube/claims.py", "list_resource_claim_for_all_namespaces("),
+        ("agent/plugin/claims.py", "read_resource_claim("),
+        ("kube/claims.py", "api.list("),
     ],
-    ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", "patch_namespaced_custom_object_status(")],
-    ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", "apply-patch")],
+    ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", 'subresource="status"')],
+    ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", '"apply"')],
 }
 
 
@@ -372,6 +373,17 @@ def test_dockerfile_builds_a_slim_non_root_image_whose_entry_point_is_the_cli() 
     assert 'tessera = "tessera.cli:main"' in pyproject
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignored[1] == "*", "everything is left out of the build context unless named"
+
+
+def test_the_runtime_image_installs_no_development_only_dependency() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = {re.split(r"[=<>\[]", d)[0] for d in project["dependencies"]}
+    dev_only = {re.split(r"[=<>\[]", d)[0] for extra in project["optional-dependencies"].values() for d in extra}
+    assert "cryptography" in dev_only, "the local cluster's certificates need it, the operator and agent do not"
+    assert not runtime & dev_only
+    installs = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if "pip install" in line]
+    assert installs, "the Dockerfile installs Tessera with pip"
+    assert all("[" not in line for line in installs), "the image installs Tessera without extras"
 
 
 def test_e2e_script_is_executable_and_uses_the_manifests_switch() -> None:

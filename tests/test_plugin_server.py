@@ -10,7 +10,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from kubernetes_asyncio import client as k8s
 
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin import KubeletPlugin, PluginConfig, serve_plugin
@@ -22,6 +21,7 @@ from tessera.agent.plugin.proto import (
     pluginregistration_v1_pb2,
     pluginregistration_v1_pb2_grpc,
 )
+from tessera.kube.http import Credentials, KubeClient
 from tests.plugin_helpers import (
     MPS,
     NODE,
@@ -230,7 +230,7 @@ async def test_serve_plugin_runs_until_told_to_stop(backend: SimulatedBackend, d
         running.append(plugin)
         started.set()
 
-    async with k8s.ApiClient() as api:
+    async with KubeClient(Credentials(server="http://127.0.0.1:1")) as api:  # never called
         task = asyncio.create_task(serve_plugin(cfg, backend, api, stop=stop, started=on_start))
         await asyncio.wait_for(started.wait(), timeout=10)
         assert cfg.registration_socket.is_socket()

@@ -32,7 +32,7 @@ from tessera.agent.claimguard import ClaimGuard
 from tessera.agent.reconciler import BlockReason, OpKind, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
-from tessera.kube.client import make_api_client
+from tessera.kube.http import KubeClient
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
@@ -88,7 +88,7 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
     cluster: LocalCluster, namespace: str
 ) -> None:
     rng = random.Random(SEED)
-    api = await make_api_client(str(cluster.kubeconfig))
+    api = KubeClient.from_environment(str(cluster.kubeconfig))
     loop = asyncio.get_running_loop()
 
     def list_claims() -> Sequence[Mapping[str, Any]]:

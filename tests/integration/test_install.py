@@ -22,11 +22,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from tessera import INSTALL_NAMESPACE
 from tessera.kube.claimstatus import ClaimGoneError, apply_claim_device_status
-from tessera.kube.client import make_api_client
+from tessera.kube.http import ApiError, KubeClient
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
@@ -408,7 +407,7 @@ async def test_an_agent_writes_device_status_only_on_claims_allocated_on_its_own
              "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": "",
                              "lastTransitionTime": "2026-01-01T00:00:00Z"}],
              "data": {"uuid": "GPU-0"}}
-    api = await make_api_client(str(install.agent_identities[H100_NODE].kubeconfig))
+    api = KubeClient.from_environment(str(install.agent_identities[H100_NODE].kubeconfig))
     async with api:
         await apply_claim_device_status(api, namespace, mine["metadata"]["name"], mine["metadata"]["uid"],
                                         f"gpu.tessera.dev/{H100_NODE}", [entry])
@@ -417,12 +416,12 @@ async def test_an_agent_writes_device_status_only_on_claims_allocated_on_its_own
         assert written["allocation"] == mine["status"]["allocation"], "the allocation is untouched"
 
         other = {**entry, "pool": H200_NODE}
-        with pytest.raises(ApiException) as refused:
+        with pytest.raises(ApiError) as refused:
             await apply_claim_device_status(api, namespace, theirs["metadata"]["name"], theirs["metadata"]["uid"],
                                             f"gpu.tessera.dev/{H100_NODE}", [other])
         # The per-driver check runs with validation: a refused grant is a Forbidden field error (422).
         assert refused.value.status == 422
-        message = json.loads(refused.value.body)["message"]
+        message = refused.value.message
         assert 'changing status.devices requires resource="resourceclaims/driver"' in message, message
         assert "arbitrary-node:patch" in message, "another node's claim: only arbitrary-node would do"
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import grpc
 import pytest
-from kubernetes_asyncio import client as k8s
 
 from tessera.agent.backends.base import GpuInfo
 from tessera.agent.backends.simulated import SimulatedBackend
@@ -34,7 +33,7 @@ from tessera.agent.plugin.server import status_field_manager
 from tessera.agent.status import gpu_status
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.slices import NodeRef, build_node_slices
-from tessera.kube.client import make_api_client
+from tessera.kube.http import KubeClient
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
@@ -126,11 +125,9 @@ async def scheduled(cluster: LocalCluster, backend: SimulatedBackend) -> AsyncIt
 
 
 @pytest.fixture
-async def api(cluster: LocalCluster) -> AsyncIterator[k8s.ApiClient]:
-    # From the kubeconfig, the way the agent builds its client (LocalCluster.api_client() sets the
-    # token under a key kubernetes-asyncio 36 does not read, so its requests go out anonymous).
-    client = await make_api_client(str(cluster.kubeconfig))
-    async with client:
+async def api(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
+    # From the kubeconfig, the way the agent builds its client.
+    async with KubeClient.from_environment(str(cluster.kubeconfig)) as client:
         yield client
 
 
@@ -139,7 +136,7 @@ def _config(dirs: PluginDirs) -> PluginConfig:
                         proc_root=dirs.proc)
 
 
-def _writer(dirs: PluginDirs, api: k8s.ApiClient) -> KubeClaimStatusWriter:
+def _writer(dirs: PluginDirs, api: KubeClient) -> KubeClaimStatusWriter:
     return KubeClaimStatusWriter(api, status_field_manager(_config(dirs)))
 
 
@@ -162,7 +159,7 @@ async def _register_like_the_kubelet(dirs: PluginDirs) -> str:
 
 
 async def test_kubelet_prepares_and_unprepares_scheduled_claims_across_a_restart(
-    scheduled: dict[str, dict[str, Any]], backend: SimulatedBackend, dirs: PluginDirs, api: k8s.ApiClient,
+    scheduled: dict[str, dict[str, Any]], backend: SimulatedBackend, dirs: PluginDirs, api: KubeClient,
     cluster: LocalCluster,
 ) -> None:
     good = [scheduled[p] for p in ("static-3g", "dynamic-2g", "mps-share", "whole")]

@@ -32,8 +32,6 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
@@ -45,6 +43,7 @@ from tessera.agent.health import HealthTracker
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
+from tessera.kube.http import ApiError, KubeClient
 from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
@@ -125,12 +124,12 @@ class NodeAgent:
         self,
         config: AgentConfig,
         backend: DeviceBackend,
-        api_client: client.ApiClient,
+        api: KubeClient,
         health: HealthTracker | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
-        self.api = api_client
+        self.api = api
         self.health = health or HealthTracker(config.health_recovery_seconds)
         self.metrics = AgentMetrics()
         self._wake = asyncio.Event()
@@ -197,7 +196,7 @@ class NodeAgent:
             try:
                 await ensure_node_layout(self.api, self.config.node_name)
                 return
-            except (LookupError, ApiException) as e:
+            except (LookupError, ApiError) as e:
                 log.warning("cannot get or create the NodeLayout yet", node=self.config.node_name, error=str(e))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=delay)
@@ -268,7 +267,7 @@ class NodeAgent:
                     blocked=[b.message for p in result.plans for b in p.blockers],
                 )
             return status
-        except (ApiException, BackendError, LookupError, OSError) as e:
+        except (ApiError, BackendError, LookupError, OSError) as e:
             log.warning("reconcile pass failed; retrying at the next resync", error=str(e))
             self.metrics.passes.labels("error").inc()
             return None

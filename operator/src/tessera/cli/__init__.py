@@ -1,7 +1,9 @@
 """The ``tessera`` command: one entry point, one subcommand per job.
 
 Each subcommand lives in its own module and registers itself in ``SUBCOMMANDS``; this module
-only parses the first word and configures logging once. Not for: any of the jobs themselves.
+only parses the first word and imports that subcommand's module alone, so ``tessera agent``
+never loads what only the operator or the local cluster needs. Not for: any of the jobs
+themselves.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="tessera", description="Share GPUs on Kubernetes through DRA.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    modules = {}
+    # The top level has no option but --help, so the first word that is not an option is the command.
+    command = next((word for word in argv if not word.startswith("-")), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
-        modules[name] = module
-        module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        subparser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module_name).add_arguments(subparser)
     args = parser.parse_args(argv)
-    code: int = modules[args.command].run(args)
+    code: int = importlib.import_module(SUBCOMMANDS[args.command][0]).run(args)
     return code
 
 

@@ -24,7 +24,7 @@ from tessera.agent.health import HealthTracker
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginConfig, serve_plugin
 from tessera.agent.service import AgentConfig, NodeAgent
-from tessera.kube.client import make_api_client
+from tessera.kube.http import KubeClient
 from tessera.log import configure_logging
 
 log = structlog.get_logger(__name__)
@@ -144,8 +144,7 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
     return NvmlBackend(mps_root=args.mps_root)
 
 
-async def _serve(args: argparse.Namespace, backend: DeviceBackend) -> None:
-    api = await make_api_client(args.kubeconfig)
+async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClient) -> None:
     config = AgentConfig(
         node_name=args.node_name,
         resync_seconds=args.resync_seconds,
@@ -201,10 +200,16 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, BackendError) as e:
         log.error("bad agent settings", error=str(e))
         return 2
+    try:
+        api = KubeClient.from_environment(args.kubeconfig)
+    except (OSError, ValueError) as e:
+        log.error("cannot read the API server's address and credentials", error=str(e))
+        backend.close()
+        return 2
     structlog.contextvars.bind_contextvars(node=args.node_name)
     log.info("starting the node agent", backend=backend.name, inventory=len(backend.inventory().gpus))
     try:
-        asyncio.run(_serve(args, backend))
+        asyncio.run(_serve(args, backend, api))
     finally:
         with contextlib.suppress(Exception):
             backend.close()

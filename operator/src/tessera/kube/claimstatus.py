@@ -17,15 +17,12 @@ Not for: deciding what the entries say (``tessera.agent.plugin.prepare``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+from tessera.kube.http import ApiError, KubeClient, resource_path
 
 RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
-_APPLY = "application/apply-patch+yaml"  # the client sends the body as JSON, which YAML reads
 
 
 class ClaimGoneError(Exception):
@@ -33,7 +30,7 @@ class ClaimGoneError(Exception):
 
 
 async def apply_claim_device_status(
-    api_client: client.ApiClient,
+    api: KubeClient,
     namespace: str,
     name: str,
     uid: str,
@@ -50,28 +47,19 @@ async def apply_claim_device_status(
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
         "status": {"devices": list(devices)},
     }
-    api = client.CustomObjectsApi(api_client)
-    options: dict[str, Any] = {"_content_type": _APPLY, "_request_timeout": timeout_s}  # not in the typed signature
+    path = resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", name, namespace=namespace,
+                         subresource="status")
     try:
-        await api.patch_namespaced_custom_object_status(
-            RESOURCE_GROUP, RESOURCE_VERSION, namespace, "resourceclaims", name, body,
-            field_manager=field_manager, force=True,
-            **options,
-        )
-    except ApiException as error:
+        await api.patch(path, body, "apply", field_manager=field_manager, force=True, timeout_s=timeout_s)
+    except ApiError as error:
         if error.status == 404 or _uid_refused(error):
             raise ClaimGoneError(f"ResourceClaim {namespace}/{name} (uid {uid}) is gone") from None
         raise
 
 
-def _uid_refused(error: ApiException) -> bool:
+def _uid_refused(error: ApiError) -> bool:
     """Another claim holds the name: its UID cannot change to ours (422 on ``metadata.uid``;
     409 where a precondition catches it first). Other 422s (a refused grant is one) are not."""
-    try:
-        status = json.loads(error.body or "{}")
-    except (TypeError, ValueError):
-        return False
-    causes = (status.get("details") or {}).get("causes") or []
     if error.status == 422:
-        return any(c.get("field") == "metadata.uid" for c in causes)
-    return error.status == 409 and "uid" in str(status.get("message", "")).lower()
+        return any(c.get("field") == "metadata.uid" for c in error.details.get("causes") or [])
+    return error.status == 409 and "uid" in error.message.lower()

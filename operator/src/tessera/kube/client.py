@@ -1,4 +1,8 @@
-"""Build a kubernetes-asyncio ApiClient from a kubeconfig (or the in-cluster service account)."""
+"""Build the operator's kubernetes-asyncio ApiClient (for ``tessera.kube.objects``) from a
+kubeconfig or the in-cluster service account.
+Not for: the node agent, whose calls go through ``tessera.kube.http`` so that it never loads
+kubernetes-asyncio's models.
+"""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from kubernetes_asyncio import client, watch
-from kubernetes_asyncio.client.exceptions import ApiException
+from tessera.kube.http import ApiError, KubeClient, resource_path
 
 GROUP = "tessera.dev"
 VERSION = "v1alpha1"
@@ -25,26 +24,21 @@ class StatusConflictError(Exception):
     """The status could not be written: the object kept changing under us."""
 
 
-def _api(api_client: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(api_client)
-
-
-async def get_node_layout(api_client: client.ApiClient, name: str) -> dict[str, Any] | None:
+async def get_node_layout(api: KubeClient, name: str) -> dict[str, Any] | None:
     """The NodeLayout called ``name`` as the API returns it, or None when there is none."""
     try:
-        obj: dict[str, Any] = await _api(api_client).get_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-    except ApiException as e:
+        return await api.get(resource_path(GROUP, VERSION, PLURAL, name))
+    except ApiError as e:
         if e.status == 404:
             return None
         raise
-    return obj
 
 
-async def get_node(api_client: client.ApiClient, name: str) -> Any | None:
-    """The Node (a V1Node) or None."""
+async def get_node(api: KubeClient, name: str) -> dict[str, Any] | None:
+    """The Node as the API returns it, or None."""
     try:
-        return await client.CoreV1Api(api_client).read_node(name)
-    except ApiException as e:
+        return await api.get(resource_path("", "v1", "nodes", name))
+    except ApiError as e:
         if e.status == 404:
             return None
         raise
@@ -66,37 +60,35 @@ def node_layout_manifest(node_name: str, node_uid: str) -> dict[str, Any]:
     }
 
 
-async def ensure_node_layout(api_client: client.ApiClient, node_name: str) -> dict[str, Any]:
+async def ensure_node_layout(api: KubeClient, node_name: str) -> dict[str, Any]:
     """The node's NodeLayout; created (owned by the Node) when missing. Raises LookupError when
     the Node itself does not exist, since an object without its owner would be collected."""
-    existing = await get_node_layout(api_client, node_name)
+    existing = await get_node_layout(api, node_name)
     if existing is not None:
         return existing
-    node = await get_node(api_client, node_name)
+    node = await get_node(api, node_name)
     if node is None:
         raise LookupError(f"Node {node_name!r} does not exist; start the agent with the node's own name")
     try:
-        created: dict[str, Any] = await _api(api_client).create_cluster_custom_object(
-            GROUP, VERSION, PLURAL, node_layout_manifest(node_name, node.metadata.uid)
+        return await api.create(
+            resource_path(GROUP, VERSION, PLURAL), node_layout_manifest(node_name, node["metadata"]["uid"])
         )
-    except ApiException as e:
+    except ApiError as e:
         if e.status != 409:
             raise
-        again = await get_node_layout(api_client, node_name)  # somebody else created it meanwhile
+        again = await get_node_layout(api, node_name)  # somebody else created it meanwhile
         if again is None:
             raise
         return again
-    return created
 
 
 async def write_node_layout_status(
-    api_client: client.ApiClient, name: str, status: dict[str, Any], attempts: int = 5
+    api: KubeClient, name: str, status: dict[str, Any], attempts: int = 5
 ) -> dict[str, Any]:
     """Replace ``status`` through the status subresource. Uses the resourceVersion read just
     before, and on a conflict (409) reads again and retries, up to ``attempts`` times."""
-    api = _api(api_client)
     for attempt in range(attempts):
-        current = await get_node_layout(api_client, name)
+        current = await get_node_layout(api, name)
         if current is None:
             raise LookupError(f"NodeLayout {name!r} is gone")
         body = {
@@ -106,32 +98,20 @@ async def write_node_layout_status(
             "status": status,
         }
         try:
-            written: dict[str, Any] = await api.replace_cluster_custom_object_status(GROUP, VERSION, PLURAL, name, body)
-        except ApiException as e:
+            return await api.replace(resource_path(GROUP, VERSION, PLURAL, name, subresource="status"), body)
+        except ApiError as e:
             if e.status != 409:
                 raise
             await asyncio.sleep(0.05 * 2**attempt)
-            continue
-        return written
     raise StatusConflictError(f"NodeLayout {name!r}: status kept conflicting after {attempts} attempts")
 
 
 async def watch_node_layout(
-    api_client: client.ApiClient, name: str, timeout_seconds: int = 300
+    api: KubeClient, name: str, timeout_seconds: int = 300
 ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """(event type, object) for changes of the NodeLayout called ``name``, until the server
     ends the watch (after ``timeout_seconds``); the caller loops."""
-    w = watch.Watch()
-    try:
-        async with w.stream(
-            _api(api_client).list_cluster_custom_object,
-            GROUP,
-            VERSION,
-            PLURAL,
-            field_selector=f"metadata.name={name}",
-            timeout_seconds=timeout_seconds,
-        ) as stream:
-            async for event in stream:
-                yield event["type"], event["object"]
-    finally:
-        w.stop()
+    async for event in api.watch(
+        resource_path(GROUP, VERSION, PLURAL), field_selector=f"metadata.name={name}", timeout_seconds=timeout_seconds
+    ):
+        yield event

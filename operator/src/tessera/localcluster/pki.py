@@ -9,10 +9,14 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+    from cryptography.x509.oid import NameOID
+except ImportError as error:  # the runtime image leaves it out: it runs no local cluster
+    raise ImportError("the local control plane needs the 'localcluster' extra: "
+                      "pip install 'tessera[localcluster]' (scripts/bootstrap installs it)") from error
 
 
 @dataclass(frozen=True)

@@ -6,20 +6,19 @@ claim's status. ``allocated_devices`` is the pure part: it checks that the claim
 the kubelet meant (same UID), is allocated, and has devices of our driver in this node's pool
 (pool name = node name), and says what is wrong otherwise. ``KubeClaimReader`` and
 ``KubeClaimStatusWriter`` are the only code of the plugin that talks to the Kubernetes API
-(the status write itself is ``tessera.kube.claimstatus``).
+(through ``tessera.kube.claims`` and ``tessera.kube.claimstatus``).
 Not for: preparing anything.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kubernetes_asyncio import client as k8s
-
+from tessera.kube.claims import read_resource_claim
 from tessera.kube.claimstatus import ClaimGoneError, apply_claim_device_status
+from tessera.kube.http import ApiError, KubeClient
 from tessera.models.devices import DeviceRef, parse_device_name
 
 Claim = Mapping[str, Any]
@@ -120,42 +119,29 @@ class KubeClaimStatusWriter:
     """Writes claim device status through the API as ``field_manager`` (one per node, so a
     node's plugin replaces only what it wrote). A claim that is gone needs no status."""
 
-    def __init__(self, api_client: k8s.ApiClient, field_manager: str) -> None:
-        self._api_client = api_client
+    def __init__(self, api: KubeClient, field_manager: str) -> None:
+        self._api = api
         self.field_manager = field_manager
 
     async def write_device_status(self, ref: ClaimRef, devices: Sequence[dict[str, Any]]) -> None:
         try:
             await apply_claim_device_status(
-                self._api_client, ref.namespace, ref.name, ref.uid, self.field_manager, devices
+                self._api, ref.namespace, ref.name, ref.uid, self.field_manager, devices
             )
         except ClaimGoneError:
             return
 
 
 class KubeClaimReader:
-    """Reads ResourceClaims from ``resource.k8s.io/v1`` as raw JSON (no model round trip, so
-    fields newer than the client library, such as ``consumedCapacity``, always come through)."""
+    """Reads ResourceClaims from ``resource.k8s.io/v1`` as raw JSON (``tessera.kube.claims``),
+    so fields newer than any client library, such as ``consumedCapacity``, always come through."""
 
-    def __init__(self, api_client: k8s.ApiClient, timeout_s: float = 20.0) -> None:
-        self._api = k8s.ResourceV1Api(api_client)
+    def __init__(self, api: KubeClient, timeout_s: float = 20.0) -> None:
+        self._api = api
         self.timeout_s = timeout_s  # well inside the kubelet's own deadline for a prepare call
 
     async def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
-        # Without preloading, the call returns the raw aiohttp response, not the typed model.
-        response: Any = await self._api.read_namespaced_resource_claim(
-            name, namespace, _preload_content=False, _request_timeout=self.timeout_s
-        )
         try:
-            body = await response.read()
-            if response.status == 404:
-                return None
-            if not 200 <= response.status <= 299:
-                raise ClaimError(
-                    f"reading ResourceClaim {namespace}/{name} failed: HTTP {response.status} "
-                    f"{body[:300].decode(errors='replace')}"
-                )
-        finally:
-            response.release()
-        claim: dict[str, Any] = json.loads(body)
-        return claim
+            return await read_resource_claim(self._api, namespace, name, self.timeout_s)
+        except ApiError as error:
+            raise ClaimError(f"reading ResourceClaim {namespace}/{name} failed: {error}") from None

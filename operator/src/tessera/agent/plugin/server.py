@@ -27,7 +27,6 @@ from typing import Any, Self
 
 import grpc
 import structlog
-from kubernetes_asyncio import client as k8s
 
 from tessera import DRIVER_NAME
 from tessera.agent.health import HealthTracker
@@ -50,6 +49,7 @@ from tessera.agent.plugin.proto import (
     dra_v1beta1_pb2,
     pluginregistration_v1_pb2,
 )
+from tessera.kube.http import KubeClient
 
 log = structlog.get_logger("tessera.agent.plugin")
 
@@ -362,7 +362,7 @@ async def _serve(socket: Path, handlers: list[Any]) -> Any:
 async def serve_plugin(
     config: PluginConfig,
     backend: PluginBackend,
-    api_client: k8s.ApiClient,
+    api: KubeClient,
     stop: asyncio.Event | None = None,
     started: Callable[[KubeletPlugin], None] | None = None,
     on_change: Callable[[], None] | None = None,
@@ -372,8 +372,8 @@ async def serve_plugin(
 
     ``started`` gets the running plugin, e.g. to let the reconciler ask
     ``plugin.in_use_device_uuids()``."""
-    writer = KubeClaimStatusWriter(api_client, status_field_manager(config))
-    plugin = KubeletPlugin(config, backend, KubeClaimReader(api_client), on_change, health, writer)
+    writer = KubeClaimStatusWriter(api, status_field_manager(config))
+    plugin = KubeletPlugin(config, backend, KubeClaimReader(api), on_change, health, writer)
     async with plugin:
         if started is not None:
             started(plugin)

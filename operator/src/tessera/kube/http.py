@@ -1,0 +1,340 @@
+"""A small asynchronous Kubernetes client on aiohttp: JSON in, plain dicts out.
+
+``KubeClient`` speaks the API's REST verbs on paths built by ``resource_path``: get, list (every
+page, or one with ``list_page``; label and field selectors), create, replace, patch (merge, strategic
+merge, JSON patch, server-side apply with a field manager), delete, and watch (newline-delimited
+JSON events; bookmarks advance the resourceVersion and are not passed on; a 410 Gone starts the
+watch again from the current state). Any answer outside 2xx raises ``ApiError`` with the
+apiserver's Status. Credentials come from a kubeconfig (server, CA, client certificate and
+key, bearer token or token file) or from the in-cluster service account, whose token file is
+read again when the kubelet rotates it.
+
+It exists so that the node agent does not load kubernetes-asyncio's thousand API models to
+read one custom resource and a few claims. Tokens and keys never appear in a repr or a log.
+Not for: what the calls mean (``tessera.kube.nodelayouts``, ``claims``, ``claimstatus``), or
+retrying (callers decide which errors are worth another try).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+from urllib.parse import quote
+
+import aiohttp
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates projected tokens well before they expire
+
+Objects = list[dict[str, Any]]  # named here: inside KubeClient, ``list`` is the method
+PatchType = Literal["merge", "strategic", "json", "apply"]
+PATCH_CONTENT_TYPES: dict[str, str] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+    "apply": "application/apply-patch+yaml",  # JSON is YAML, so the body goes as JSON
+}
+
+
+class ApiError(Exception):
+    """The apiserver answered outside 2xx. ``status`` is the HTTP code, ``reason`` the Status
+    reason (``NotFound``, ``Conflict``, ``Invalid``, ...), ``details`` the Status details
+    (e.g. ``causes``), when the answer was a Status object."""
+
+    def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.details: Mapping[str, Any] = details or {}
+
+    @classmethod
+    def from_response(cls, status: int, body: bytes) -> ApiError:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict) and parsed.get("kind") == "Status":
+            return cls(status, str(parsed.get("reason") or ""), str(parsed.get("message") or ""),
+                       parsed.get("details") or {})
+        return cls(status, "", body[:300].decode(errors="replace"))
+
+
+def resource_path(group: str, version: str, plural: str, name: str | None = None, *,
+                  namespace: str | None = None, subresource: str | None = None) -> str:
+    """The API path of a resource, an object, or an object's subresource. ``group`` is "" for
+    the core API (``/api/v1``)."""
+    parts = ["/api", version] if not group else ["/apis", group, version]
+    if namespace is not None:
+        parts += ["namespaces", quote(namespace, safe="")]
+    parts.append(plural)
+    if name is not None:
+        parts.append(quote(name, safe=""))
+        if subresource:
+            parts.append(subresource)
+    return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Where the apiserver is and how to prove who we are. Secrets stay out of the repr."""
+
+    server: str
+    ca_file: str | None = None
+    ca_data: str | None = field(default=None, repr=False)  # PEM
+    insecure: bool = False
+    cert_file: str | None = None
+    key_file: str | None = None
+    cert_data: bytes | None = field(default=None, repr=False)  # PEM
+    key_data: bytes | None = field(default=None, repr=False)  # PEM
+    token: str | None = field(default=None, repr=False)
+    token_file: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | bool:
+        """The TLS settings for aiohttp: our CA and client certificate, or False (no checks)."""
+        if self.insecure:
+            return False
+        context = ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
+        if self.cert_file and self.key_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        elif self.cert_data and self.key_data:
+            # ssl reads a certificate chain only from files: a private folder, removed at once.
+            with tempfile.TemporaryDirectory(prefix="tessera-tls-") as folder:
+                cert, key = Path(folder) / "tls.crt", Path(folder) / "tls.key"
+                for path, data in ((cert, self.cert_data), (key, self.key_data)):
+                    path.touch(mode=0o600)
+                    path.write_bytes(data)
+                context.load_cert_chain(str(cert), str(key))
+        return context
+
+
+def load_kubeconfig(path: str | Path) -> Credentials:
+    """The credentials of a kubeconfig's current context. Relative file names are relative to
+    the kubeconfig's folder, as kubectl reads them."""
+    import yaml  # here, not above: an agent in a Pod reads no kubeconfig and need not load YAML
+
+    path = Path(path)
+    config = yaml.safe_load(path.read_text()) or {}
+    context_name = config.get("current-context")
+    contexts = {c["name"]: c.get("context") or {} for c in config.get("contexts") or []}
+    if context_name not in contexts:
+        raise ValueError(f"{path}: current-context {context_name!r} is not among its contexts")
+    context = contexts[context_name]
+    clusters = {c["name"]: c.get("cluster") or {} for c in config.get("clusters") or []}
+    users = {u["name"]: u.get("user") or {} for u in config.get("users") or []}
+    cluster = clusters.get(context.get("cluster"))
+    if cluster is None or not cluster.get("server"):
+        raise ValueError(f"{path}: context {context_name!r} names no cluster with a server")
+    user = users.get(context.get("user"), {})
+
+    def file(value: str | None) -> str | None:
+        return str(path.parent / value) if value else None
+
+    def data(value: str | None) -> bytes | None:
+        return base64.b64decode(value) if value else None
+
+    ca_data = data(cluster.get("certificate-authority-data"))
+    return Credentials(
+        server=str(cluster["server"]).rstrip("/"),
+        ca_file=file(cluster.get("certificate-authority")),
+        ca_data=ca_data.decode() if ca_data else None,
+        insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        cert_file=file(user.get("client-certificate")),
+        key_file=file(user.get("client-key")),
+        cert_data=data(user.get("client-certificate-data")),
+        key_data=data(user.get("client-key-data")),
+        token=user.get("token"),
+        token_file=file(user.get("tokenFile")),
+    )
+
+
+def in_cluster_credentials(folder: Path = SERVICE_ACCOUNT_DIR) -> Credentials:
+    """The Pod's service account: the apiserver from the environment, the token file kept as a
+    file so that a rotated token is picked up."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise ValueError("not in a cluster (no KUBERNETES_SERVICE_HOST/PORT) and no kubeconfig: pass --kubeconfig")
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    return Credentials(server=f"https://{host}:{port}", ca_file=str(folder / "ca.crt"),
+                       token_file=str(folder / "token"))
+
+
+class KubeClient:
+    """One connection pool to one apiserver. Use ``async with`` or call ``close()``."""
+
+    def __init__(self, credentials: Credentials, timeout_s: float = 300.0) -> None:
+        self.credentials = credentials
+        self.timeout_s = timeout_s  # per request, unless a call says otherwise
+        self._ssl = credentials.ssl_context() if credentials.server.startswith("https") else False
+        self._session: aiohttp.ClientSession | None = None
+        self._token: str | None = credentials.token
+        self._token_read_at = -TOKEN_REREAD_SECONDS
+
+    def __repr__(self) -> str:
+        return f"KubeClient(server={self.credentials.server!r})"
+
+    @classmethod
+    def from_environment(cls, kubeconfig: str | None = None) -> KubeClient:
+        """A client for ``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster account."""
+        path = kubeconfig or os.environ.get("KUBECONFIG")
+        return cls(load_kubeconfig(path) if path else in_cluster_credentials())
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- the verbs -------------------------------------------------------------------------
+
+    async def get(self, path: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self.request("GET", path, timeout_s=timeout_s)
+
+    async def list_page(self, path: str, *, label_selector: str | None = None, field_selector: str | None = None,
+                        limit: int | None = None, continue_: str | None = None,
+                        resource_version: str | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+        """One page of a list, as the API sent it (``items``, ``metadata.continue``)."""
+        params = _drop_none({"labelSelector": label_selector, "fieldSelector": field_selector,
+                             "limit": limit, "continue": continue_, "resourceVersion": resource_version})
+        return await self.request("GET", path, params=params, timeout_s=timeout_s)
+
+    async def list(self, path: str, *, label_selector: str | None = None, field_selector: str | None = None,
+                   page_size: int = 500, timeout_s: float | None = None) -> Objects:
+        """Every item, page by page (``list_page`` for one page)."""
+        items: Objects = []
+        token: str | None = None
+        while True:
+            page = await self.list_page(path, label_selector=label_selector, field_selector=field_selector,
+                                   limit=page_size, continue_=token, timeout_s=timeout_s)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    async def create(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self.request("POST", path, body=body, timeout_s=timeout_s)
+
+    async def replace(self, path: str, body: Mapping[str, Any], *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self.request("PUT", path, body=body, timeout_s=timeout_s)
+
+    async def patch(self, path: str, body: Any, patch_type: PatchType = "merge", *,
+                    field_manager: str | None = None, force: bool = False,
+                    timeout_s: float | None = None) -> dict[str, Any]:
+        """A patch of ``patch_type``; server-side apply (``"apply"``) needs a ``field_manager``."""
+        if patch_type == "apply" and not field_manager:
+            raise ValueError("server-side apply needs a field manager")
+        params = _drop_none({"fieldManager": field_manager, "force": "true" if force else None})
+        return await self.request("PATCH", path, params=params, body=body,
+                                  content_type=PATCH_CONTENT_TYPES[patch_type], timeout_s=timeout_s)
+
+    async def delete(self, path: str, body: Mapping[str, Any] | None = None, *,
+                     timeout_s: float | None = None) -> dict[str, Any]:
+        """Delete; ``body`` is DeleteOptions (preconditions, propagationPolicy)."""
+        return await self.request("DELETE", path, body=body, timeout_s=timeout_s)
+
+    async def watch(self, path: str, *, resource_version: str | None = None, label_selector: str | None = None,
+                    field_selector: str | None = None,
+                    timeout_seconds: int = 300) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """(event type, object) until the server ends the watch after ``timeout_seconds``.
+
+        Without ``resource_version`` the server begins with an ADDED event for every current
+        object. Bookmarks only move the resourceVersion on. When the resourceVersion is too old
+        (410 Gone), the watch starts again from the current state, so the caller sees ADDED for
+        what exists now, as after a relist."""
+        version = resource_version
+        while True:
+            params = _drop_none({"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds,
+                                 "labelSelector": label_selector, "fieldSelector": field_selector,
+                                 "resourceVersion": version})
+            expired = False
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_seconds + 30)
+            async with await self._send("GET", path, params, None, None, timeout) as response:
+                if response.status == 410:
+                    expired = True
+                elif not 200 <= response.status <= 299:
+                    raise ApiError.from_response(response.status, await response.read())
+                else:
+                    async for event in _json_lines(response.content):
+                        kind, obj = str(event.get("type")), event.get("object") or {}
+                        if kind == "ERROR":
+                            if obj.get("code") == 410:
+                                expired = True
+                                break
+                            raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""),
+                                           str(obj.get("message") or ""), obj.get("details"))
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                        if kind != "BOOKMARK":
+                            yield kind, obj
+            if not expired:
+                return
+            version = None
+
+    # -- the wire --------------------------------------------------------------------------
+
+    async def request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
+                      body: Any = None, content_type: str = "application/json",
+                      timeout_s: float | None = None) -> dict[str, Any]:
+        """One call; the JSON answer as a dict. Raises ApiError outside 2xx."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
+        async with await self._send(method, path, params, body, content_type, timeout) as response:
+            data = await response.read()
+            if not 200 <= response.status <= 299:
+                raise ApiError.from_response(response.status, data)
+        answer: dict[str, Any] = json.loads(data) if data else {}
+        return answer
+
+    async def _send(self, method: str, path: str, params: Mapping[str, Any] | None, body: Any,
+                    content_type: str | None, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        headers = {"Accept": "application/json"}
+        token = self._bearer_token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+            data = json.dumps(body).encode()
+        query = {k: str(v) for k, v in (params or {}).items()}
+        return await self._session.request(method, self.credentials.server + path, params=query, data=data,
+                                           headers=headers, ssl=self._ssl, timeout=timeout)
+
+    def _bearer_token(self) -> str | None:
+        """The token; one from a file is read again every minute (the kubelet rotates it)."""
+        if self.credentials.token_file and time.monotonic() - self._token_read_at >= TOKEN_REREAD_SECONDS:
+            self._token = Path(self.credentials.token_file).read_text().strip()
+            self._token_read_at = time.monotonic()
+        return self._token
+
+
+async def _json_lines(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
+    """One JSON object per line, however long the line (an object can pass 64 KiB)."""
+    buffer = b""
+    async for chunk in stream.iter_any():
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                yield json.loads(line)
+    if buffer.strip():
+        yield json.loads(buffer)
+
+
+def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
