@@ -40,6 +40,8 @@ ATTRS = 'device.attributes["gpu.tessera.dev"]'
 NODE_A, NODE_B = "real-a", "real-b"
 CHEAP = "cheap-c"  # a kubelet-less node (a Node object and a local agent) in the same cluster
 SIMULATE = {NODE_A: "4xH100-80GB", NODE_B: "1xH200-141GB"}
+# A GPU with a fault clears after 10 s without another (a reset needs an idle GPU; a Pod keeps it busy).
+AGENT_FLAGS = ["--health-recovery-seconds", "10"]
 
 _why_not = real_nodes_possible()
 if _why_not and os.environ.get("TESSERA_REQUIRE_REAL_NODES") != "1":
@@ -80,7 +82,7 @@ class RealCluster:
     def restart_agent(self, node: str) -> TesseraProcess:
         self.agents[node].stop()
         self.processes.processes.remove(self.agents[node])
-        self.agents[node] = self.processes.agent_on(self.nodes[node], SIMULATE[node])
+        self.agents[node] = self.processes.agent_on(self.nodes[node], SIMULATE[node], AGENT_FLAGS)
         return self.agents[node]
 
     def hardware(self, node: str) -> SimulatedHardware:
@@ -98,7 +100,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
             for name in SIMULATE:
                 nodes[name] = RealNode.start(cluster, name)
             processes.operator()
-            agents = {name: processes.agent_on(node, SIMULATE[name]) for name, node in nodes.items()}
+            agents = {name: processes.agent_on(node, SIMULATE[name], AGENT_FLAGS) for name, node in nodes.items()}
             cluster.add_node(CHEAP)
             agents[CHEAP] = processes.agent(CHEAP, "1xA100-80GB")
             cluster.apply_objects(POLICIES)
@@ -242,19 +244,20 @@ async def test_an_unhealthy_gpu_shows_in_the_pods_allocated_resources_status_the
         seen_now = allocated_health(real, namespace, "health-0")
         return seen_now if [h for h, _ in seen_now] == [want] else None
 
-    # The kubelet reads the plugin's health stream and writes it into the Pod's status.
-    await wait_for(lambda: health_is("Healthy"), timeout=60, interval=0.5,
-                   message="the kubelet to report the Pod's GPU Healthy")
-    hardware = real.hardware(NODE_A)
-    hardware.inject_xid(0, 79)
-    [(_, message)] = await wait_for(lambda: health_is("Unhealthy"), timeout=60, interval=0.5,
-                                    message="the XID to show as Unhealthy in the Pod's status")
-    assert "79" in message, f"the kubelet passes on the plugin's reason: {message!r}"
-    assert pod_phase(real, namespace, "health-0") == "Running", "a NoSchedule taint evicts nothing"
-    hardware.reset_gpu(0)
-    await wait_for(lambda: health_is("Healthy"), timeout=60, interval=0.5,
-                   message="the GPU Healthy again in the Pod's status after the reset")
-    await delete_pods(real, namespace, "health-0")
+    try:
+        # The kubelet reads the plugin's health stream and writes it into the Pod's status.
+        await wait_for(lambda: health_is("Healthy"), timeout=60, interval=0.5,
+                       message="the kubelet to report the Pod's GPU Healthy")
+        hardware = real.hardware(NODE_A)
+        hardware.inject_xid(0, 79)
+        [(_, message)] = await wait_for(lambda: health_is("Unhealthy"), timeout=60, interval=0.5,
+                                        message="the XID to show as Unhealthy in the Pod's status")
+        assert "79" in message, f"the kubelet passes on the plugin's reason: {message!r}"
+        assert pod_phase(real, namespace, "health-0") == "Running", "a NoSchedule taint evicts nothing"
+        await wait_for(lambda: health_is("Healthy"), timeout=60, interval=0.5,
+                       message="the GPU Healthy again in the Pod's status after the quiet period")
+    finally:  # GPU 0 is free again for the tests after this one, pass or fail
+        await delete_pods(real, namespace, "health-0")
 
 
 async def test_a_static_mig_pod_sees_exactly_its_mig_uuid(real: RealCluster, namespace: str) -> None:

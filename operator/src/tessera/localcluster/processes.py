@@ -152,10 +152,6 @@ class TesseraProcesses:
             prefix=node.in_namespace(),
         )
 
-    def agent_nodes(self) -> list[str]:
-        """The nodes an agent was started for."""
-        return sorted({p.name.removeprefix("agent-") for p in self.processes if p.name.startswith("agent-")})
-
     def stop_all(self) -> None:
         """Stop every process, and the MPS daemons the agents started (they outlive an agent by
         design: on a real node they keep serving across an agent restart)."""
