@@ -87,18 +87,22 @@ class LocalCluster:
     _processes: list[_Process] = field(default_factory=list, repr=False)
     _own_workdir: bool = False
     controllers: tuple[str, ...] = CONTROLLERS
+    scheduler_args: tuple[str, ...] = ()
 
     @classmethod
     def start(cls, binaries: Binaries | None = None, workdir: Path | None = None,
-              timeout: float = 120.0, controllers: tuple[str, ...] = CONTROLLERS) -> Self:
+              timeout: float = 120.0, controllers: tuple[str, ...] = CONTROLLERS,
+              scheduler_args: tuple[str, ...] = ()) -> Self:
         """Build (if needed) and start every component; return once the apiserver is ready
         and the scheduler and controller manager answer their health checks. ``controllers``:
         which of kube-controller-manager's controllers run (add ``WORKLOAD_CONTROLLERS`` for
-        real nodes that run Deployments and DaemonSets)."""
+        real nodes that run Deployments and DaemonSets); ``scheduler_args``: extra
+        kube-scheduler flags (benchmarks raise its client rate limits)."""
         binaries = binaries or ensure_binaries()
         own = workdir is None
         workdir = workdir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
-        cluster = cls(binaries=binaries, workdir=workdir, _own_workdir=own, controllers=controllers)
+        cluster = cls(binaries=binaries, workdir=workdir, _own_workdir=own, controllers=controllers,
+                      scheduler_args=scheduler_args)
         try:
             cluster._start(timeout)
         except BaseException:
@@ -222,6 +226,7 @@ class LocalCluster:
             f"--cert-dir={self.workdir / 'scheduler-certs'}",
             "--profiling=false",
             "--v=0",
+            *self.scheduler_args,
         ])
         self._wait(lambda: _http_ok(f"https://127.0.0.1:{kcm_port}/healthz", insecure=True),
                    kcm, deadline, "kube-controller-manager /healthz")
