@@ -376,3 +376,11 @@ async def test_a_watch_from_a_too_old_resource_version_starts_again_from_the_cur
     assert (gone["object"]["code"], gone["object"]["reason"]) == (410, "Expired")
     assert "too old resource version" in gone["object"]["message"]
     assert [p.get("resourceVersion") for p in sent] == ["1", None]
+
+
+async def test_a_watch_reads_an_event_longer_than_64_kib(api: KubeClient, namespace: str) -> None:
+    start = (await api.list_page(configmaps(namespace), limit=1))["metadata"]["resourceVersion"]
+    await api.create(configmaps(namespace), configmap("big", v="x" * 100_000))
+    watching = api.watch(configmaps(namespace), resource_version=start, label_selector=LABEL, timeout_seconds=60)
+    assert await collect(watching, lambda _kind, _obj: True) == [("ADDED", "big", {"v": "x" * 100_000})]
+    await watching.aclose()
