@@ -3,8 +3,8 @@
 ``KubeClient`` speaks the API's REST verbs on paths built by ``resource_path``: get, list (every
 page, or one with ``list_page``; label and field selectors), create, replace, patch (merge, strategic
 merge, JSON patch, server-side apply with a field manager), delete, and watch (newline-delimited
-JSON events; bookmarks advance the resourceVersion and are not passed on; a 410 Gone starts the
-watch again from the current state). Any answer outside 2xx raises ``ApiError`` with the
+JSON events; bookmarks are not passed on; a 410 Gone starts the watch again from the current
+state). Any answer outside 2xx raises ``ApiError`` with the
 apiserver's Status. Credentials come from a kubeconfig (server, CA, client certificate and
 key, bearer token or token file) or from the in-cluster service account, whose token file is
 read again when the kubelet rotates it.
@@ -249,19 +249,26 @@ class KubeClient:
         return await self.request("DELETE", path, body=body, timeout_s=timeout_s)
 
     async def watch(self, path: str, *, resource_version: str | None = None, label_selector: str | None = None,
-                    field_selector: str | None = None,
+                    field_selector: str | None = None, send_initial_events: bool = False,
                     timeout_seconds: int = 300) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event type, object) until the server ends the watch after ``timeout_seconds``.
 
-        Without ``resource_version`` the server begins with an ADDED event for every current
-        object. Bookmarks only move the resourceVersion on. When the resourceVersion is too old
-        (410 Gone), the watch starts again from the current state, so the caller sees ADDED for
-        what exists now, as after a relist."""
+        From ``resource_version`` on: the changes after that version. Without it the server
+        begins with an ADDED event for every current object. ``send_initial_events`` asks for
+        those ADDED events as a watch-list stream (``sendInitialEvents``), which the server ends
+        with a bookmark. Bookmarks are asked for and never passed on. When the resourceVersion
+        is too old (410 Gone: the real apiserver sends it as an ERROR event in a 200 answer once
+        the version has left its watch cache), the watch starts again from the current state,
+        so the caller sees ADDED for what exists now, as after a relist (a deletion in the gap
+        is not seen). Any other error raises ``ApiError``, e.g. 429 while the apiserver's cache
+        of a newly created resource is still filling."""
         version = resource_version
         while True:
             params = _drop_none({"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds,
                                  "labelSelector": label_selector, "fieldSelector": field_selector,
                                  "resourceVersion": version})
+            if send_initial_events:
+                params.update(sendInitialEvents="true", resourceVersionMatch="NotOlderThan")
             expired = False
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_seconds + 30)
             async with await self._send("GET", path, params, None, None, timeout) as response:
@@ -278,7 +285,6 @@ class KubeClient:
                                 break
                             raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""),
                                            str(obj.get("message") or ""), obj.get("details"))
-                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
                         if kind != "BOOKMARK":
                             yield kind, obj
             if not expired:

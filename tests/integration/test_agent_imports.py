@@ -1,0 +1,65 @@
+"""``tessera agent`` runs without kubernetes-asyncio, Kopf or the local cluster's libraries:
+a real agent process (simulated GPUs, kubelet plugin on) runs against the real control plane
+until it has reported its inventory in its NodeLayout's status, stops on SIGTERM, and lists
+the modules it had loaded. The import contract in pyproject.toml checks the import graph; this
+checks what a start that did real work loaded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+
+pytestmark = pytest.mark.integration
+
+CRD = Path(__file__).resolve().parents[2] / "crds" / "tessera.dev_nodelayouts.yaml"
+NEVER_IN_THE_AGENT = ("kubernetes_asyncio", "kopf", "cryptography", "tessera.kube.objects", "tessera.controller",
+                      "tessera.localcluster", "tessera.cli.operator", "tessera.cli.cluster", "tessera.cli.demo")
+PRINT_MODULES_AT_EXIT = (
+    "import atexit, json, os, sys\n"
+    "atexit.register(lambda: open(os.environ['MODULES_OUT'], 'w').write(json.dumps(sorted(sys.modules))))\n"
+    "from tessera.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+async def test_a_running_agent_never_loads_kubernetes_asyncio_kopf_or_operator_code(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    cluster.apply(CRD)
+    node = f"lean-{uuid.uuid4().hex[:8]}"
+    cluster.add_node(node)
+    modules_out, log = tmp_path / "modules.json", tmp_path / "agent.log"
+    with log.open("wb") as log_file:  # a file, not a pipe nobody reads while we wait
+            process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", PRINT_MODULES_AT_EXIT, "agent", "--node-name", node, "--simulate", "1xH100-80GB",
+            "--kubeconfig", str(cluster.kubeconfig), "--metrics-port", "-1", "--mps-root", str(tmp_path / "mps"),
+            "--kubelet-registry-dir", str(tmp_path / "registry"), "--kubelet-plugin-dir", str(tmp_path / "plugin"),
+            "--cdi-dir", str(tmp_path / "cdi"),
+            env={"MODULES_OUT": str(modules_out), "PATH": "/usr/bin:/bin"},
+            stdout=log_file, stderr=asyncio.subprocess.STDOUT,
+        )
+
+    def reported() -> bool:
+        out = cluster.kubectl("get", "nodelayouts.tessera.dev", node, "-o", "json", check=False)
+        return out.returncode == 0 and len(json.loads(out.stdout).get("status", {}).get("gpus", [])) == 1
+
+    try:
+        await wait_for(reported, timeout=60, message="the agent's inventory in its NodeLayout's status")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), timeout=60)
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)  # its NodeLayout goes with it
+    assert process.returncode == 0, log.read_text()[-4000:]
+    loaded = set(json.loads(modules_out.read_text()))
+    assert "tessera.kube.http" in loaded, "the agent talked to the API through its own client"
+    for name in NEVER_IN_THE_AGENT:
+        assert not {m for m in loaded if m == name or m.startswith(f"{name}.")}, f"the agent loaded {name}"
