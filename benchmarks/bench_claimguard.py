@@ -17,15 +17,13 @@ import sys
 import time
 from typing import Any
 
-from kubernetes_asyncio import client
-
 from tessera import DRIVER_NAME
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.claimguard import ClaimGuard, allocated_devices_on_node
 from tessera.agent.reconciler import apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
-from tessera.kube.http import KubeClient
+from tessera.kube.http import KubeClient, resource_path
 from tessera.localcluster import LocalCluster
 from tessera.log import configure_logging
 from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
@@ -34,7 +32,6 @@ from tessera.models.policy import Strategy
 NODE = "bench-node"
 NAMESPACE = "bench-claims"
 GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceclaims"
-MERGE_PATCH: dict[str, Any] = {"_content_type": "application/merge-patch+json"}  # the client would pick JSON patch
 
 
 def claim(i: int) -> dict[str, Any]:
@@ -52,15 +49,14 @@ def allocation(i: int) -> dict[str, Any]:
     return {"status": {"allocation": {"devices": {"results": [result]}}}}
 
 
-async def fill(api: client.CustomObjectsApi, start: int, stop: int) -> None:
+async def fill(api: KubeClient, start: int, stop: int) -> None:
     semaphore = asyncio.Semaphore(32)
 
     async def one(i: int) -> None:
         async with semaphore:
-            await api.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, claim(i))
-            await api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, NAMESPACE, PLURAL, f"c-{i:05d}", allocation(i), **MERGE_PATCH
-            )
+            await api.create(resource_path(GROUP, VERSION, PLURAL, namespace=NAMESPACE), claim(i))
+            await api.patch(resource_path(GROUP, VERSION, PLURAL, f"c-{i:05d}", namespace=NAMESPACE,
+                                          subresource="status"), allocation(i))
 
     await asyncio.gather(*(one(i) for i in range(start, stop)))
 
@@ -109,21 +105,18 @@ async def repartition(kube: KubeClient) -> tuple[int, float]:
 async def run(counts: list[int], reads: int) -> int:
     cluster = await asyncio.to_thread(LocalCluster.start)
     try:
-        api_client = await cluster.api_client()
-        api = client.CustomObjectsApi(api_client)
-        kube = KubeClient.from_environment(str(cluster.kubeconfig))  # the agent's client, for the checks
+        kube = KubeClient.from_environment(str(cluster.kubeconfig))  # the agent's client: fills and checks
         cluster.kubectl("create", "namespace", NAMESPACE)
         rows = []
         made = 0
         for n in counts:
             t = time.perf_counter()
-            await fill(api, made, n)
+            await fill(kube, made, n)
             made = n
             print(f"{n} claims created and allocated in {time.perf_counter() - t:.1f}s", flush=True)
             p50, p99, found = await measure(kube, reads)
             checks, seconds = await repartition(kube)
             rows.append((n, p50, p99, found, checks, seconds))
-        await api_client.close()
         await kube.close()
     finally:
         await asyncio.to_thread(cluster.stop)

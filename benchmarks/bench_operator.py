@@ -18,6 +18,14 @@ Kopf's own writes would show too). Peak RSS (VmHWM) of each operator process and
 process (the agent fleet plus the slice watcher), and CPU seconds per component during the
 rollout, are printed too.
 
+Then the raw floor: what the same writes cost without the operator. Watches record every
+write the rollout made to ResourceSlices and NodeLayout specs (the bodies, in resourceVersion
+order per node). With the operators and the agent fleet stopped, every node is put back, untimed,
+as it was before the policy; then the recorded writes are made again directly with ``KubeClient``,
+one node after another on ``--floor-concurrency`` workers (the operator reconciles 8 nodes at
+once), each node's writes in order. Printed: the floor's time, and the rollout (policy -> all
+slices show the MIG layout) divided by it.
+
 The agent fleet: 500 agent processes do not fit a 2-core machine, so one process runs every
 node's agent. Each node has a real ``tessera.agent.service.NodeAgent`` over its own in-memory
 ``SimulatedBackend``, and its pass is the agent's own ``NodeAgent.reconcile_once`` (ensure
@@ -56,9 +64,8 @@ import structlog
 
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.service import AgentConfig, NodeAgent
-from tessera.kube.http import KubeClient, resource_path
+from tessera.kube.http import ApiError, KubeClient, resource_path
 from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
-from tessera.kube.objects import Api
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import _die_with_parent, free_port
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
@@ -74,6 +81,8 @@ WRITES = "tessera_operator_api_writes_total"
 RECONCILED = 'tessera_operator_reconciles_total{result="ok"}'
 FAILED = 'tessera_operator_reconciles_total{result="error"}'
 PASSES = "tessera_operator_policy_status_passes_total"
+SLICES = ("resource.k8s.io", "v1", "resourceslices")
+MANAGED = "app.kubernetes.io/managed-by=tessera"
 
 log = structlog.get_logger("bench")
 T = TypeVar("T")
@@ -199,6 +208,7 @@ class AgentFleet:
         self.gpus: dict[str, int] = {}
         self.failed_passes = 0
         self.concurrency = concurrency
+        self.writes: RolloutWrites | None = None  # told every NodeLayout event, when set
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
@@ -251,6 +261,8 @@ class AgentFleet:
         agent, a status-only change (its own write) does not, as in ``NodeAgent._watch``."""
         meta = body.get("metadata", {})
         name = meta.get("name")
+        if self.writes is not None:
+            self.writes.layout_event(kind, body)
         if name in self.agents and (kind == "DELETED" or meta.get("generation") != self.observed.get(name)):
             self.enqueue(name)
 
@@ -270,12 +282,12 @@ class Published:
         self.last_slice_event = 0.0
         self.policy_ready_at: float | None = None
         self.policy_history: list[tuple[float, str]] = []  # (when, "Ready=... reason gpusApplied/gpus")
+        self.writes: RolloutWrites | None = None  # told every slice event, when set
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(watch_forever(self.api, "resource.k8s.io", "v1", "resourceslices", self._on_slice,
-                                              "app.kubernetes.io/managed-by=tessera")),
+            asyncio.create_task(watch_forever(self.api, *SLICES, self._on_slice, MANAGED)),
             asyncio.create_task(watch_forever(self.api, "tessera.dev", "v1alpha1", "sharingpolicies",
                                               self._on_policy)),
         ]
@@ -286,6 +298,8 @@ class Published:
 
     def _on_slice(self, kind: str, body: dict[str, Any]) -> None:
         self.last_slice_event = time.monotonic()
+        if self.writes is not None:
+            self.writes.slice_event(kind, body)
         name = body.get("metadata", {}).get("name", "")
         if kind == "DELETED":
             self.slices.pop(name, None)
@@ -405,14 +419,126 @@ def node_list(names: list[str]) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
 
 
-async def versions(api: Api) -> dict[str, str]:
+async def versions(api: KubeClient) -> dict[str, str]:
     out: dict[str, str] = {}
     for group, version, plural in (("tessera.dev", "v1alpha1", "nodelayouts"),
                                    ("resource.k8s.io", "v1", "resourceslices"),
                                    ("tessera.dev", "v1alpha1", "sharingpolicies")):
-        for item in await api.list_all(group, version, plural):
+        for item in await api.list(resource_path(group, version, plural)):
             out[f"{plural}/{item['metadata']['name']}"] = item["metadata"]["resourceVersion"]
     return out
+
+
+# -- the raw floor ----------------------------------------------------------------------------
+
+Write = tuple[int, str, dict[str, Any]]  # (resourceVersion, "create" | "replace" | "delete" | "spec", body)
+
+
+def slice_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A slice as a writer sends it: what the operator wrote, without the server's bookkeeping."""
+    meta = body["metadata"]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {k: meta[k] for k in ("name", "labels", "ownerReferences") if k in meta},
+            "spec": body["spec"]}
+
+
+class RolloutWrites:
+    """The writes made to our ResourceSlices and to NodeLayout specs while ``recording``, as the
+    watches saw them: one entry per write (a watch passes every write on), by node."""
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.by_node: dict[str, list[Write]] = {}
+        self._generations: dict[str, int] = {}
+
+    def slice_event(self, kind: str, body: dict[str, Any]) -> None:
+        if not self.recording:
+            return
+        version = int(body["metadata"]["resourceVersion"])
+        node = str(body.get("spec", {}).get("pool", {}).get("name", ""))
+        verb = {"ADDED": "create", "MODIFIED": "replace", "DELETED": "delete"}[kind]
+        self.by_node.setdefault(node, []).append((version, verb, slice_body(body)))
+
+    def layout_event(self, kind: str, body: dict[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        name, generation = str(meta.get("name")), int(meta.get("generation") or 0)
+        before = self._generations.get(name)
+        self._generations[name] = generation
+        if self.recording and kind == "MODIFIED" and before is not None and generation > before:
+            self.by_node.setdefault(name, []).append((int(meta["resourceVersion"]), "spec", {"spec": body["spec"]}))
+
+    def count(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for writes in self.by_node.values():
+            for _, verb, _ in writes:
+                out[verb] = out.get(verb, 0) + 1
+        return out
+
+
+async def cluster_state(api: KubeClient) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(our slices by name, NodeLayout specs by node) as they are now."""
+    slices = {s["metadata"]["name"]: slice_body(s) for s in await api.list(resource_path(*SLICES),
+                                                                          label_selector=MANAGED)}
+    specs = {n["metadata"]["name"]: n.get("spec") or {}
+             for n in await api.list(resource_path(GROUP, VERSION, PLURAL))}
+    return slices, specs
+
+
+async def write_one(api: KubeClient, verb: str, body: dict[str, Any], node: str) -> None:
+    if verb == "spec":
+        await api.patch(resource_path(GROUP, VERSION, PLURAL, node), body)
+    elif verb == "create":
+        await api.create(resource_path(*SLICES), body)
+    elif verb == "replace":  # no resourceVersion: an unconditional update, as a sole owner may make
+        await api.replace(resource_path(*SLICES, body["metadata"]["name"]), body)
+    else:
+        try:
+            await api.delete(resource_path(*SLICES, body["metadata"]["name"]))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+
+async def on_workers(concurrency: int, nodes: list[str], one: Callable[[str], Awaitable[None]]) -> None:
+    """``one(node)`` for every node, ``concurrency`` nodes at a time."""
+    queue = list(reversed(nodes))
+
+    async def worker() -> None:
+        while queue:
+            await one(queue.pop())
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def restore(api: KubeClient, slices: dict[str, dict[str, Any]], specs: dict[str, dict[str, Any]],
+                  concurrency: int) -> None:
+    """Put every slice and NodeLayout spec back as it was in ``slices`` and ``specs``."""
+    now, _ = await cluster_state(api)
+    by_node: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for name, body in slices.items():
+        by_node.setdefault(body["spec"]["pool"]["name"], []).append(("replace" if name in now else "create", body))
+    for name, body in now.items():
+        if name not in slices:
+            by_node.setdefault(body["spec"]["pool"]["name"], []).append(("delete", body))
+    for node, spec in specs.items():
+        by_node.setdefault(node, []).append(("spec", {"spec": spec}))
+
+    async def one(node: str) -> None:
+        for verb, body in by_node[node]:
+            await write_one(api, verb, body, node)
+
+    await on_workers(concurrency, sorted(by_node), one)
+
+
+async def replay(api: KubeClient, writes: RolloutWrites, concurrency: int) -> float:
+    """Make the recorded writes again, each node's in order; seconds taken."""
+    async def one(node: str) -> None:
+        for _, verb, body in sorted(writes.by_node[node], key=lambda w: w[0]):
+            await write_one(api, verb, body, node)
+
+    t = time.monotonic()
+    await on_workers(concurrency, sorted(writes.by_node), one)
+    return time.monotonic() - t
 
 
 async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
@@ -426,11 +552,10 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
     started = time.monotonic()
     cluster = await asyncio.to_thread(LocalCluster.start)
     processes = TesseraProcesses(cluster, workdir / f"n{n}")
-    api_client = await cluster.api_client()
-    api = Api(api_client)  # the operator's client, for the raw writes
-    kube = KubeClient.from_environment(str(cluster.kubeconfig))  # the agents' client, for the fleet and the watches
+    kube = KubeClient.from_environment(str(cluster.kubeconfig))  # for the fleet, the watches and the floor
     fleet: AgentFleet | None = None
     published = Published(kube, POLICY, gpus)
+    rollout_writes = RolloutWrites()
     try:
         print(f"control plane up in {time.monotonic() - started:.1f}s", flush=True)
         cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
@@ -440,6 +565,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
 
         t = time.monotonic()
         fleet = agents = AgentFleet(kube, nodes, args.simulate, args.concurrency)
+        agents.writes = published.writes = rollout_writes
         agents.start()
         await wait_until(lambda: agents.reported() == n, phase_timeout,
                          "every NodeLayout to report its GPUs")
@@ -466,8 +592,10 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
             "spec": {"nodeSelector": {"matchLabels": {LABEL: "fleet"}}, "strategy": "MIG",
                      "mig": {"preset": "all-balanced"}},
         }
+        slices_before, specs_before = await cluster_state(kube)
         cpu_before = cpu_by_child()
         fleet_writes = fleet.status_writes()
+        rollout_writes.recording = True
         t0 = time.monotonic()
         cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(policy))
         published_at: float | None = None
@@ -483,6 +611,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         assert published_at is not None
         assert ready_at is not None
         after = await settle(operator, quiet=3.0, timeout=phase_timeout)
+        rollout_writes.recording = False
         quiet_at = time.monotonic() - 3.0
         cpu_after = cpu_by_child()
         fig["policy -> all 8N slices show MIG layout"] = f"{published_at - t0:.1f}s"
@@ -514,7 +643,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fig["operator peak RSS (VmHWM), first run"] = mib(proc_status(operator.popen.pid, "VmHWM"))
 
         # The no-op resync: a new operator process finds everything as it should be.
-        rv_before = await versions(api)
+        rv_before = await versions(kube)
         stop_operator(processes, operator)
         if profile is not None:
             print(f"-- cProfile of the first operator (N={n}), {profile} --")
@@ -529,7 +658,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         await wait_until(reconciled, phase_timeout, "the restarted operator to reconcile every node")
         fig["resync: start -> N reconciled + status pass"] = f"{time.monotonic() - t1:.1f}s"
         resynced = await settle(restarted, quiet=3.0, timeout=phase_timeout)
-        rv_after = await versions(api)
+        rv_after = await versions(kube)
         changed = sorted(k for k in rv_after.keys() | rv_before.keys() if rv_after.get(k) != rv_before.get(k))
         writes = writes_of(resynced)
         result.noop_ok = not writes and not changed
@@ -543,6 +672,19 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fig["operator peak RSS (VmHWM), restarted"] = mib(proc_status(restarted.popen.pid, "VmHWM"))
         fig["bench process peak RSS (fleet + watch)"] = mib(proc_status(os.getpid(), "VmHWM"))
         fig["fleet failed passes"] = f"{fleet.failed_passes}"
+
+        # The raw floor: the rollout's slice and spec writes again, with nothing else running.
+        stop_operator(processes, restarted)
+        await published.stop()
+        await fleet.stop()
+        await restore(kube, slices_before, specs_before, args.floor_concurrency)
+        floor = await replay(kube, rollout_writes, args.floor_concurrency)
+        counted = rollout_writes.count()
+        fig["floor: rollout's writes replayed"] = (
+            f"{sum(counted.values())} (" + ", ".join(f"{k} {v}" for k, v in sorted(counted.items())) + ")"
+        )
+        fig[f"floor: same writes raw, {args.floor_concurrency} nodes at once"] = f"{floor:.1f}s"
+        fig["rollout (all slices MIG) / floor"] = f"{(published_at - t0) / floor:.2f}x"
         return result
     except BaseException:
         for process in processes.processes:
@@ -553,7 +695,6 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         if fleet is not None:
             await fleet.stop()
         processes.stop_all()
-        await api_client.close()
         await kube.close()
         await asyncio.to_thread(cluster.stop)
 
@@ -593,6 +734,8 @@ def main() -> int:
     parser.add_argument("--nodes", default="10,100,500", help="comma-separated node counts (default 10,100,500)")
     parser.add_argument("--simulate", default=f"{GPUS_PER_NODE}xH100-80GB", help="each node's GPUs (8 of them)")
     parser.add_argument("--concurrency", type=int, default=16, help="agent passes at once in the fleet")
+    parser.add_argument("--floor-concurrency", type=int, default=8,
+                        help="nodes written at once for the raw floor (default 8: the operator's reconcile workers)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each phase may take")
     parser.add_argument("--history", action="store_true", help="print the SharingPolicy status history")
     parser.add_argument("--profile", default=None, help="run the first operator under cProfile, profiles here")

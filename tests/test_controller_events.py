@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import cast
 
+from tessera.controller.handlers import slice_stub
 from tessera.controller.runtime import Controller
 from tessera.kube.objects import Api
 from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
@@ -84,3 +85,20 @@ def test_a_policy_change_decides_every_node_again_and_an_unchanged_one_does_not(
     assert "shared" not in controller.fleet.policies
     assert controller.policy_epoch == 2
     assert controller.enqueued == [NODE, NODE]
+
+
+def test_a_slice_deletion_found_by_a_relist_still_names_its_node() -> None:
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    body = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"{NODE}-tessera-gpu-0", "uid": "u1", "resourceVersion": "5"},
+        "spec": {"pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": [{"name": "gpu-0"}]},
+    }
+    controller.slice_seen("ADDED", body)
+    assert [s["metadata"]["name"] for s in controller.slices[NODE]] == [f"{NODE}-tessera-gpu-0"]
+
+    controller.slice_seen("DELETED", slice_stub(body))  # all a relist keeps of a slice that went
+
+    assert controller.slices[NODE] == []
+    assert controller.enqueued == [NODE, NODE, NODE]

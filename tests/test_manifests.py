@@ -253,16 +253,17 @@ KOPF_OBSERVER = str(Path(kopf.__file__).parent / "_core" / "reactor" / "observat
 OPERATOR_RESOURCES = {
     ("tessera.dev", "sharingpolicies"): [
         ("kube/objects.py", '"sharingpolicies"'), ("controller/handlers.py", "POLICIES")],
-    ("tessera.dev", "sharingpolicies/status"): [("kube/objects.py", "patch_cluster_custom_object_status")],
+    ("tessera.dev", "sharingpolicies/status"): [
+        ("kube/objects.py", '"sharingpolicies"'), ("kube/objects.py", 'subresource="status"')],
     ("tessera.dev", "nodelayouts"): [
-        ("kube/objects.py", "patch_cluster_custom_object("), ("controller/handlers.py", "LAYOUTS")],
-    ("", "nodes"): [("kube/objects.py", "list_node("), ("controller/handlers.py", '"nodes"')],
+        ("kube/objects.py", "resource_path(*LAYOUTS, name)"), ("controller/handlers.py", "*LAYOUTS")],
+    ("", "nodes"): [("kube/objects.py", 'NODES = ("", "v1", "nodes")'), ("controller/handlers.py", "*NODES")],
     ("resource.k8s.io", "resourceclaims"): [
         ("kube/objects.py", '"resourceclaims"'), ("controller/handlers.py", "CLAIMS")],
     ("resource.k8s.io", "resourceslices"): [
         ("kube/objects.py", '"resourceslices"'), ("controller/handlers.py", "SLICES")],
-    ("", "pods/eviction"): [("kube/objects.py", "create_namespaced_pod_eviction")],
-    ("", "events"): [("kube/objects.py", "create_namespaced_event"), (KOPF_EVENTS, "get_default_namespace")],
+    ("", "pods/eviction"): [("kube/objects.py", 'subresource="eviction"')],
+    ("", "events"): [("kube/objects.py", 'resource_path("", "v1", "events"'), (KOPF_EVENTS, "get_default_namespace")],
     ("apiextensions.k8s.io", "customresourcedefinitions"): [(KOPF_OBSERVER, "references.CRDS")],
 }
 AGENT_RESOURCES = {

@@ -22,7 +22,7 @@ from pathlib import Path
 from tessera import API_GROUP, API_VERSION
 from tessera.controller.decide import decide_node
 from tessera.controller.state import Fleet
-from tessera.kube.client import make_api_client
+from tessera.kube.http import KubeClient
 from tessera.kube.objects import Api
 from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import SharingPolicy, Strategy
@@ -167,8 +167,7 @@ def render_live(plan: LivePlan) -> str:
 
 async def read_fleet(kubeconfig: Path | None) -> Fleet:
     """The cluster as the operator would see it: Nodes, NodeLayouts, policies, claims."""
-    client = await make_api_client(str(kubeconfig) if kubeconfig else None)
-    async with client:
+    async with KubeClient.from_environment(str(kubeconfig) if kubeconfig else None) as client:
         api = Api(client)
         nodes, layouts, policies, claims = await asyncio.gather(
             api.list_nodes(),

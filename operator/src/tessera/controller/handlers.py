@@ -1,9 +1,13 @@
-"""Kopf handlers: thin adapters from watch events to the :class:`Controller`.
+"""Kopf handlers, and the watches beside them: thin adapters from watch events to the
+:class:`Controller`.
 
-SharingPolicies get create/update/resume/delete handlers (Kopf keeps its small bookkeeping
-in ``tessera.dev/`` annotations, never in our structural status); Nodes, NodeLayouts,
-ResourceClaims and our ResourceSlices get plain event handlers, which store nothing on the
-objects — NodeLayouts can be large, and claims are not ours to annotate. Settings live in the one startup handler.
+SharingPolicies get Kopf create/update/resume/delete handlers (Kopf keeps its small bookkeeping
+in ``tessera.dev/`` annotations, never in our structural status); ResourceClaims a plain Kopf
+event handler, which stores nothing on them (claims are not ours to annotate). The high-volume
+kinds — Nodes, NodeLayouts (large) and our ResourceSlices — skip Kopf: ``tessera.kube.watch``
+loops, started by the one startup handler and stopped by cleanup, hand each event on as the
+API sent it, with no per-event deep copy or per-object bookkeeping. Settings live in the
+startup handler.
 Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
 """
 
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -19,8 +24,9 @@ import kopf
 from tessera import API_GROUP
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, Controller
 from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL
-from tessera.kube.client import make_api_client
-from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, SLICES, Api
+from tessera.kube.http import KubeClient
+from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
+from tessera.kube.watch import ListWatch, metadata_stub
 
 registry = kopf.OperatorRegistry()
 
@@ -28,6 +34,12 @@ registry = kopf.OperatorRegistry()
 def _controller(memo: Any) -> Controller:
     controller: Controller = memo.controller
     return controller
+
+
+def slice_stub(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What a slice's deletion must still say after a relist: its pool (its node)."""
+    pool = ((body.get("spec") or {}).get("pool") or {}).get("name")
+    return {**metadata_stub(body), "spec": {"pool": {"name": pool}}}
 
 
 @kopf.on.login(registry=registry)
@@ -49,21 +61,32 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    api_client = await make_api_client(os.environ.get("KUBECONFIG"))
+    client = KubeClient.from_environment(os.environ.get("KUBECONFIG"))
+    memo.client = client
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
     # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
     memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))
-    controller = Controller(Api(api_client), handover_grace=grace)
+    controller = Controller(Api(client), handover_grace=grace)
     memo.controller = controller
-    memo.api_client = api_client
     await controller.start()
+    memo.watches = [
+        ListWatch(client, *NODES, controller.node_seen),
+        ListWatch(client, *LAYOUTS, controller.layout_seen),
+        ListWatch(client, *SLICES, controller.slice_seen, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+                  stub=slice_stub),
+    ]
+    for watch in memo.watches:
+        watch.start()
 
 
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: Any, **_: Any) -> None:
+    for watch in getattr(memo, "watches", []):
+        await watch.stop()
     if getattr(memo, "controller", None) is not None:
         await _controller(memo).stop()
-        await memo.api_client.close()
+    if getattr(memo, "client", None) is not None:
+        await memo.client.close()
 
 
 # -- SharingPolicies ---------------------------------------------------------------------
@@ -81,17 +104,7 @@ async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
     _controller(memo).policy_deleted(name)
 
 
-# -- Nodes, NodeLayouts, ResourceClaims ----------------------------------------------------
-
-
-@kopf.on.event("", "v1", "nodes", registry=registry)
-async def node_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    _controller(memo).node_seen(str(event["type"]), event["object"])
-
-
-@kopf.on.event(*LAYOUTS, registry=registry)
-async def layout_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    _controller(memo).layout_seen(str(event["type"]), event["object"])
+# -- ResourceClaims ------------------------------------------------------------------------
 
 
 @kopf.on.event(*CLAIMS, registry=registry)
@@ -99,8 +112,3 @@ async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     if memo.claim_watch_delay:  # fault injection: a watch that lags behind the scheduler
         await asyncio.sleep(memo.claim_watch_delay)
     _controller(memo).claim_seen(str(event["type"]), event["object"])
-
-
-@kopf.on.event(*SLICES, labels={MANAGED_BY_LABEL: MANAGED_BY}, registry=registry)
-async def slice_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    _controller(memo).slice_seen(str(event["type"]), dict(event["object"]))

@@ -1,7 +1,7 @@
 """The operator's work loop: one queue of node names, a few reconciles at once (never two of
 the same node).
 
-Watch events (from the Kopf handlers in ``tessera.controller.handlers``) update the
+Watch events (from the Kopf handlers and watches in ``tessera.controller.handlers``) update the
 :class:`~tessera.controller.state.Fleet` and enqueue the nodes they touch; the loop decides
 (pure), then writes only what differs: NodeLayout.spec, the node's ResourceSlices (the
 fewest writes, see ``tessera.dra.diff``), evictions for timed-out ``Evict`` drains, and —
@@ -30,7 +30,6 @@ from dataclasses import replace
 from typing import Any
 
 import structlog
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Counter, Gauge, Histogram
 
 from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
@@ -39,6 +38,7 @@ from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
 from tessera.dra.devices import build_gpu_devices
 from tessera.dra.diff import orphaned_slices, plan_slice_writes
 from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, build_slices_from_devices
+from tessera.kube.http import ApiError
 from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
 from tessera.models.layout import NodeLayoutStatus
 from tessera.models.policy import SharingPolicyStatus
@@ -225,7 +225,7 @@ class Controller:
             started = time.perf_counter()
             try:
                 await self.reconcile(node)
-            except ApiException as exc:
+            except ApiError as exc:
                 self._retry(node, f"API error {exc.status}: {exc.reason}")
             except Exception as exc:  # a bug must not stop the loop for every other node
                 log.exception("reconcile failed", node=node)
@@ -409,7 +409,7 @@ class Controller:
                 current[body["metadata"]["name"]] = await self._write(
                     "resourceslice/update", self.api.replace_slice(body)
                 )
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status in (404, 409):  # someone else wrote: re-list and plan again
                     await self._relist(node)
                 raise
@@ -418,7 +418,7 @@ class Controller:
                 current[body["metadata"]["name"]] = await self._write(
                     "resourceslice/create", self.api.create_slice(body)
                 )
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status == 409:
                     await self._relist(node)
                 raise

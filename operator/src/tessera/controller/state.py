@@ -1,6 +1,6 @@
 """The operator's in-memory view of the cluster, fed by watch events.
 
-The Controller turns the watch events its Kopf handlers pass on into the small values here
+The Controller turns the watch events its handlers and watches pass on into the small values here
 (policies, nodes with their NodeLayouts, our driver's allocations from ResourceClaims, the
 devices published per GPU); the pure deciding code reads them. Nothing here does I/O.
 Not for: deciding anything (``tessera.controller.decide``).

@@ -9,10 +9,12 @@ apiserver's Status. Credentials come from a kubeconfig (server, CA, client certi
 key, bearer token or token file) or from the in-cluster service account, whose token file is
 read again when the kubelet rotates it.
 
-It exists so that the node agent does not load kubernetes-asyncio's thousand API models to
-read one custom resource and a few claims. Tokens and keys never appear in a repr or a log.
-Not for: what the calls mean (``tessera.kube.nodelayouts``, ``claims``, ``claimstatus``), or
-retrying (callers decide which errors are worth another try).
+It is Tessera's one Kubernetes client, so that neither the node agent nor the operator loads a
+library of a thousand API models to read a few kinds of object. Tokens and keys never appear in
+a repr or a log.
+Not for: what the calls mean (``tessera.kube.nodelayouts``, ``claims``, ``claimstatus``,
+``objects``), keeping a view current (``tessera.kube.watch``), or retrying (callers decide which
+errors are worth another try).
 """
 
 from __future__ import annotations
@@ -250,18 +252,22 @@ class KubeClient:
 
     async def watch(self, path: str, *, resource_version: str | None = None, label_selector: str | None = None,
                     field_selector: str | None = None, send_initial_events: bool = False,
-                    timeout_seconds: int = 300) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                    timeout_seconds: int = 300, bookmarks: bool = False,
+                    restart_expired: bool = True) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event type, object) until the server ends the watch after ``timeout_seconds``.
 
         From ``resource_version`` on: the changes after that version. Without it the server
         begins with an ADDED event for every current object. ``send_initial_events`` asks for
         those ADDED events as a watch-list stream (``sendInitialEvents``), which the server ends
-        with a bookmark. Bookmarks are asked for and never passed on. When the resourceVersion
-        is too old (410 Gone: the real apiserver sends it as an ERROR event in a 200 answer once
-        the version has left its watch cache), the watch starts again from the current state,
-        so the caller sees ADDED for what exists now, as after a relist (a deletion in the gap
-        is not seen). Any other error raises ``ApiError``, e.g. 429 while the apiserver's cache
-        of a newly created resource is still filling."""
+        with a bookmark. Bookmarks are asked for, and passed on only when ``bookmarks`` says so
+        (a caller that resumes a watch later wants their resourceVersion). When the
+        resourceVersion is too old (410 Gone: the real apiserver sends it as an ERROR event in a
+        200 answer once the version has left its watch cache), the watch starts again from the
+        current state, so the caller sees ADDED for what exists now, as after a relist, but
+        nothing for what went meanwhile; a caller that must see deletions passes
+        ``restart_expired=False``, gets ``ApiError`` 410, and lists again itself. Any other
+        error raises ``ApiError``, e.g. 429 while the apiserver's cache of a newly created
+        resource is still filling."""
         version = resource_version
         while True:
             params = _drop_none({"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds,
@@ -285,10 +291,12 @@ class KubeClient:
                                 break
                             raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""),
                                            str(obj.get("message") or ""), obj.get("details"))
-                        if kind != "BOOKMARK":
+                        if kind != "BOOKMARK" or bookmarks:
                             yield kind, obj
             if not expired:
                 return
+            if not restart_expired:
+                raise ApiError(410, "Expired", f"the watch of {path} fell behind resourceVersion {version}")
             version = None
 
     # -- the wire --------------------------------------------------------------------------

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Self
 
 import yaml
-from kubernetes_asyncio import client as k8s_client
 
 from tessera.localcluster.build import Binaries, LocalClusterError, ensure_binaries
 from tessera.localcluster.pki import make_pki
@@ -305,14 +304,6 @@ class LocalCluster:
         """``kubectl apply --server-side`` every file or folder given."""
         for path in paths:
             self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-
-    async def api_client(self) -> k8s_client.ApiClient:
-        """A kubernetes-asyncio client authenticated as the cluster admin."""
-        configuration = k8s_client.Configuration(host=self.server)
-        configuration.ssl_ca_cert = str(self.ca_file)
-        configuration.api_key = {"BearerToken": self.token}  # the key kubernetes-asyncio reads
-        configuration.api_key_prefix = {"BearerToken": "Bearer"}
-        return k8s_client.ApiClient(configuration=configuration)
 
     def add_node(self, name: str, labels: dict[str, str] | None = None,
                  allocatable: dict[str, str] | None = None) -> dict[str, Any]:

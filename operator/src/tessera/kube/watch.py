@@ -1,0 +1,158 @@
+"""A list-then-watch loop that keeps a consumer current on one kind of object, cheaply: every
+event goes straight to a callback as the plain dict the API sent (no copies, nothing stored on
+the objects, no per-object bookkeeping but a small stub of each object seen).
+
+``ListWatch`` lists (page by page), tells the callback what is new or changed since it last
+looked, and what is gone (``DELETED`` with the stub it kept), then watches from the list's
+resourceVersion. A watch the server ends is resumed from the last resourceVersion seen
+(bookmarks included); one that fell too far behind (410 Gone) is replaced by a fresh list, so
+no deletion is missed; any other error is retried after a backoff. ``stop()`` ends it.
+Not for: what the events mean (the callback's business), or the one-off lists the operator
+primes from (``tessera.kube.objects``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import structlog
+
+from tessera.kube.http import ApiError, KubeClient, resource_path
+
+log = structlog.get_logger("tessera.kube.watch")
+
+OnEvent = Callable[[str, dict[str, Any]], None]  # (ADDED | MODIFIED | DELETED, object)
+Stub = Callable[[Mapping[str, Any]], dict[str, Any]]
+ERROR_BACKOFF: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0)  # seconds before the 1st, 2nd, ... retry
+
+
+def metadata_stub(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What is kept of an object to announce its deletion after a relist: who it was."""
+    meta = body.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in meta}
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "metadata": kept}
+
+
+def _key(body: Mapping[str, Any]) -> str:
+    meta = body.get("metadata") or {}
+    return f"{meta.get('namespace') or ''}/{meta.get('name')}"
+
+
+class ListWatch:
+    """Feeds ``on_event`` every change to the objects of one resource (``group`` "" is core)."""
+
+    def __init__(self, client: KubeClient, group: str, version: str, plural: str, on_event: OnEvent, *,
+                 label_selector: str | None = None, stub: Stub = metadata_stub, timeout_seconds: int = 300,
+                 backoff: Sequence[float] = ERROR_BACKOFF, page_size: int = 500) -> None:
+        self.client = client
+        self.path = resource_path(group, version, plural)
+        self.api_version = f"{group}/{version}" if group else version
+        self.on_event = on_event
+        self.label_selector = label_selector
+        self.stub = stub
+        self.timeout_seconds = timeout_seconds
+        self.backoff = tuple(backoff)
+        self.page_size = page_size
+        self.known: dict[str, dict[str, Any]] = {}  # namespace/name -> stub of the object as last seen
+        self.lists = 0  # how many times it listed (the first, then one per 410 Gone)
+        self.listed = asyncio.Event()  # set once the first list has been passed on
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        selector = f", label_selector={self.label_selector!r}" if self.label_selector else ""
+        return f"ListWatch({self.path!r}{selector})"
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name=f"tessera-watch {self.path}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def run(self) -> None:
+        """List and watch until cancelled."""
+        version: str | None = None
+        failures = 0
+        while True:
+            try:
+                if version is None:
+                    version = await self._relist()
+                async for kind, body in self.client.watch(
+                    self.path, resource_version=version, label_selector=self.label_selector,
+                    timeout_seconds=self.timeout_seconds, bookmarks=True, restart_expired=False,
+                ):
+                    failures = 0
+                    if kind != "BOOKMARK":
+                        self._deliver(kind, body)
+                    version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+            except asyncio.CancelledError:
+                raise
+            except ApiError as exc:
+                if exc.status == 410:  # too far behind: the truth is a fresh list
+                    log.info("watch expired; listing again", path=self.path)
+                    version = None
+                    continue
+                failures = await self._pause(failures, exc)
+            except Exception as exc:  # the connection broke, the apiserver went away, a bad line ...
+                failures = await self._pause(failures, exc)
+
+    async def _pause(self, failures: int, error: Exception) -> int:
+        delay = self.backoff[min(failures, len(self.backoff) - 1)]
+        log.warning("watch failed; retrying", path=self.path, error=repr(error), retry_in=delay)
+        await asyncio.sleep(delay)
+        return failures + 1
+
+    async def _relist(self) -> str:
+        """Pass on what changed since the objects were last seen; the list's resourceVersion."""
+        seen: dict[str, dict[str, Any]] = {}
+        token: str | None = None
+        version = ""
+        changed: list[tuple[str, dict[str, Any]]] = []
+        while True:
+            page = await self.client.list_page(self.path, label_selector=self.label_selector, limit=self.page_size,
+                                               continue_=token)
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            kind = str(page.get("kind") or "").removesuffix("List")
+            for item in page.get("items") or []:
+                item.setdefault("apiVersion", self.api_version)  # list items do not say what they are
+                item.setdefault("kind", kind)
+                key = _key(item)
+                seen[key] = self.stub(item)
+                before = self.known.get(key)
+                item_version = (item.get("metadata") or {}).get("resourceVersion")
+                if before is None or before["metadata"].get("resourceVersion") != item_version:
+                    changed.append(("ADDED" if before is None else "MODIFIED", item))
+            token = meta.get("continue")
+            if not token:
+                break
+        gone = [stub for key, stub in self.known.items() if key not in seen]
+        self.known = seen
+        self.lists += 1
+        for kind_, item in changed:
+            self._call(kind_, item)
+        for stub in gone:
+            self._call("DELETED", stub)
+        self.listed.set()
+        return version
+
+    def _deliver(self, kind: str, body: dict[str, Any]) -> None:
+        key = _key(body)
+        if kind == "DELETED":
+            self.known.pop(key, None)
+        else:
+            self.known[key] = self.stub(body)
+        self._call(kind, body)
+
+    def _call(self, kind: str, body: dict[str, Any]) -> None:
+        try:
+            self.on_event(kind, body)
+        except Exception:  # a consumer's bug must not stop the watch, nor replay the event forever
+            log.exception("watch event handler failed", path=self.path, event_type=kind, object=_key(body))
