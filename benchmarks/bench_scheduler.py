@@ -131,21 +131,31 @@ async def run_once(mode: str, nodes: int, pods: int) -> tuple[float, float]:
             all_bound = asyncio.Event()
 
             async def watch() -> None:
+                # The apiserver ends a watch whose reader falls behind (this process is busy
+                # creating Pods meanwhile): go on from the last version seen.
                 version = listed["metadata"]["resourceVersion"]
-                async for _, obj in kube.watch(PODS, resource_version=version):
-                    if obj.get("spec", {}).get("nodeName"):
-                        bound.add(obj["metadata"]["name"])
-                        if len(bound) == pods:
-                            all_bound.set()
-                            return
+                while True:
+                    async for _, obj in kube.watch(PODS, resource_version=version, bookmarks=True):
+                        version = obj["metadata"]["resourceVersion"]
+                        if obj.get("spec", {}).get("nodeName"):
+                            bound.add(obj["metadata"]["name"])
+                            if len(bound) == pods:
+                                all_bound.set()
+                                return
 
             watcher = asyncio.create_task(watch())
             started = time.perf_counter()
             await in_parallel([kube.create(PODS, pod(i)) for i in range(pods)])
             created = time.perf_counter() - started
-            await asyncio.wait_for(all_bound.wait(), timeout=600)
+            done = asyncio.create_task(all_bound.wait())
+            await asyncio.wait({watcher, done}, timeout=600, return_when=asyncio.FIRST_COMPLETED)
             elapsed = time.perf_counter() - started
-            watcher.cancel()
+            if not all_bound.is_set():  # the watch failed or ended early: say why, measure nothing
+                done.cancel()
+                if watcher.done():
+                    watcher.result()
+                watcher.cancel()
+                raise RuntimeError(f"{mode}: only {len(bound)} of {pods} Pods seen bound")
             return elapsed, created
     finally:
         await asyncio.to_thread(cluster.stop)
