@@ -40,6 +40,7 @@ from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
 from tessera.dra.devices import GpuDevices
 from tessera.kube.http import ApiError
 from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
+from tessera.models.layout import NodeLayout
 from tessera.models.policy import SharingPolicyStatus
 
 log = structlog.get_logger("tessera.operator")
@@ -280,16 +281,29 @@ class Controller:
                 # anyway rather than wait on an event for a drain.
                 self._later(node, self.handover_grace + 1.0)
         # (c) The new spec; devices it replaces stay tainted until the agent reports them gone.
-        generation = layout.metadata.generation
-        if decision.spec != layout.spec:
-            body = await self._write(
-                "nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube())
-            )
-            generation = body["metadata"].get("generation")
-            self.fleet.set_layout(body)
-            log.info("wrote NodeLayout spec", node=node, gpus=len(decision.spec.gpus))
+        generation = await self._write_spec(node, layout, decision)
         await self._publish(node, view.uid, decision.devices_to_publish())
         decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status)
+        await self._evict(node, decision)
+        self._follow_drains(node, decision, previous)
+        self.decisions[node] = decision
+        self._set_draining(node, sum(1 for d in decision.drains.values() if d.claims))
+        await self._tell_missing(node, decision.missing)
+        self.status_changed()
+
+    async def _write_spec(self, node: str, layout: NodeLayout, decision: NodeDecision) -> int | None:
+        """Write the decision's spec where it differs from the NodeLayout's; the generation the
+        spec is at afterwards."""
+        if decision.spec == layout.spec:
+            return layout.metadata.generation
+        body = await self._write("nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube()))
+        generation: int | None = body["metadata"].get("generation")
+        self.fleet.set_layout(body)
+        log.info("wrote NodeLayout spec", node=node, gpus=len(decision.spec.gpus))
+        return generation
+
+    async def _evict(self, node: str, decision: NodeDecision) -> None:
+        """Evict the Pods of timed-out ``Evict`` drains, each once."""
         if decision.evict:  # forget evictions of Pods that no claim is reserved for any more
             self.evicted &= {pod for hold in self.fleet.claims.values() for pod in hold.pods}
         for namespace, pod in decision.evict:
@@ -298,6 +312,9 @@ class Controller:
             ):
                 self.evicted.add((namespace, pod))
                 log.info("evicted a Pod to finish a drain", pod=f"{namespace}/{pod}", node=node)
+
+    def _follow_drains(self, node: str, decision: NodeDecision, previous: NodeDecision | None) -> None:
+        """Come back when a drain times out; say when a GPU starts waiting for claims."""
         for drain in decision.drains.values():
             if drain.claims and not drain.timed_out:
                 self._later(node, self._drain_deadline(drain) - time.monotonic() + 0.05)
@@ -305,23 +322,22 @@ class Controller:
             if drain.claims and (previous is None or uuid not in previous.drains or not previous.drains[uuid].claims):
                 log.info("draining GPU before changing its layout", node=node, gpu=drain.gpu_index,
                          waiting_for=drain.describe())
-        self.decisions[node] = decision
-        self._set_draining(node, sum(1 for d in decision.drains.values() if d.claims))
-        self._report_missing(node, decision.missing)
-        for missing in decision.missing:
-            key = (missing.claim.key, missing.device)
+
+    async def _tell_missing(self, node: str, missing: tuple[MissingDevice, ...]) -> None:
+        """An Event, once, for each claim allocated a device the node no longer has."""
+        self._report_missing(node, missing)
+        for each in missing:
+            key = (each.claim.key, each.device)
             if key not in self._missing_reported.setdefault(node, set()):
                 self._missing_reported[node].add(key)
-                log.error("a claim is allocated a device that no longer exists", node=node, claim=missing.claim.key,
-                          device=missing.device)
+                log.error("a claim is allocated a device that no longer exists", node=node, claim=each.claim.key,
+                          device=each.device)
                 claim = {
                     "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": missing.claim.name, "namespace": missing.claim.namespace,
-                                 "uid": missing.claim.uid},
+                    "metadata": {"name": each.claim.name, "namespace": each.claim.namespace, "uid": each.claim.uid},
                 }
                 await self._write("event", self.api.post_event(claim, "Warning", "AllocatedDeviceMissing",
-                                                               missing.describe()))
-        self.status_changed()
+                                                               each.describe()))
 
     def _handed_over(self, node: str, decision: NodeDecision) -> dict[str, tuple[frozenset[str], float]]:
         """GPUs whose changing devices have been published tainted for at least the grace and
