@@ -702,3 +702,13 @@ def test_the_devices_to_publish_are_what_building_them_with_the_decisions_drains
     assert decision.devices_to_publish() == [build_gpu_devices(s, decision.draining_devices) for s in statuses]
     (unhealthy,) = decision.devices_to_publish()[1].devices
     assert [t["key"] for t in unhealthy["taints"]] == ["gpu.tessera.dev/unhealthy", "tessera.dev/repartition"]
+
+
+def test_a_decision_counts_the_devices_each_gpu_publishes_for_the_policy_status() -> None:
+    fleet = fleet_of([mig_gpu(0), gpu(1)])
+
+    decision = _decide(fleet, handed_over=False)
+
+    assert decision.devices_of(mig_gpu(0).uuid) == len(published_device_names(mig_gpu(0))) > 1
+    assert decision.devices_of(gpu(1).uuid) == 1
+    assert decision.devices_of("GPU-not-on-this-node") == 0

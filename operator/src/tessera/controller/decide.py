@@ -94,6 +94,10 @@ class NodeDecision:
         draining = {d for g in self.gpus if g.drain is not None for d in g.drain.devices}
         return frozenset(draining.union(*(g.changing for g in self.gpus)))
 
+    def devices_of(self, gpu_uuid: str) -> int:
+        """How many devices the GPU publishes (drain taints change none)."""
+        return sum(len(g.devices) for g in self.devices if g.gpu_uuid == gpu_uuid)
+
     def devices_to_publish(self) -> list[GpuDevices]:
         """Every GPU's devices, those in :attr:`draining_devices` tainted."""
         draining = self.draining_devices

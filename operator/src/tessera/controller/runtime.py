@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -37,7 +37,6 @@ from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.publisher import SlicePublisher, slice_pool
 from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
-from tessera.dra.devices import GpuDevices
 from tessera.kube.http import ApiError
 from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
 from tessera.models.layout import NodeLayout
@@ -250,7 +249,7 @@ class Controller:
         drains = previous.drains if previous else None
         decision = decide_node(self.fleet, node, time.monotonic(), drains)
         if decision is None:  # no agent has reported here (yet): nothing of ours should be published
-            await self._publish(node, view.uid, ())
+            await self.publisher.publish(node, view.uid, ())
             self.decisions.pop(node, None)
             self._tainted.pop(node, None)
             self._set_draining(node, 0)
@@ -261,7 +260,7 @@ class Controller:
         layout = view.layout
         assert layout is not None  # decide_node returned a decision
         # (a) Taint what the new layouts change, and know when that write was acknowledged.
-        await self._publish(node, view.uid, decision.devices_to_publish())
+        await self.publisher.publish(node, view.uid, decision.devices_to_publish())
         cleared = self._handed_over(node, decision)
         if cleared:
             # (b) Claims read after the taint's grace and after the watch view this decision
@@ -282,7 +281,7 @@ class Controller:
                 self._later(node, self.handover_grace + 1.0)
         # (c) The new spec; devices it replaces stay tainted until the agent reports them gone.
         generation = await self._write_spec(node, layout, decision)
-        await self._publish(node, view.uid, decision.devices_to_publish())
+        await self.publisher.publish(node, view.uid, decision.devices_to_publish())
         decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status)
         await self._evict(node, decision)
         self._follow_drains(node, decision, previous)
@@ -387,11 +386,6 @@ class Controller:
     def _drain_deadline(self, drain: DrainState) -> float:
         policy = self.fleet.policies.get(drain.policy or "")
         return drain.since + (policy.spec.drain.timeout_seconds if policy is not None else 3600.0)
-
-    async def _publish(self, node: str, uid: str, devices: Sequence[GpuDevices]) -> None:
-        for built in devices:
-            self.fleet.published_by_gpu[(node, built.gpu_uuid)] = len(built.devices)
-        await self.publisher.publish(node, uid, devices)
 
     # -- watch events (what the handlers hand over) ----------------------------------------
 
