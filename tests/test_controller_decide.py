@@ -4,6 +4,7 @@ values out: a Fleet as the watch events fill it and a clock."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -712,3 +713,5 @@ def test_a_decision_counts_the_devices_each_gpu_publishes_for_the_policy_status(
     assert decision.devices_of(mig_gpu(0).uuid) == len(published_device_names(mig_gpu(0))) > 1
     assert decision.devices_of(gpu(1).uuid) == 1
     assert decision.devices_of("GPU-not-on-this-node") == 0
+    carried_out = replace(decision, devices=())  # what the operator keeps once it has published them
+    assert carried_out.devices_of(gpu(1).uuid) == 1

@@ -15,7 +15,7 @@ a claim holds drains. Not for: I/O.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tessera.controller.state import ClaimHold, DrainState, Fleet, NodeView
 from tessera.dra.devices import GpuDevices, build_gpu_devices, with_drain_taints
@@ -75,8 +75,10 @@ class NodeDecision:
     evict: tuple[tuple[str, str], ...] = ()
     missing: tuple[MissingDevice, ...] = ()
     # What each GPU of the agent's status publishes, built once (untainted by drains), in the
-    # status's order; :meth:`devices_to_publish` lays this decision's drain taints on top.
+    # status's order; :meth:`devices_to_publish` lays this decision's drain taints on top. The
+    # operator drops them once published (they are large); their counts stay, for the status.
     devices: tuple[GpuDevices, ...] = ()
+    device_counts: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> devices
     # Set by the operator once the decision is carried out: the policies' epoch it was made
     # in, the NodeLayout generation its spec landed in, and the agent status its slices were
     # published from. A policy is Ready only on what has been published for its latest spec.
@@ -96,7 +98,7 @@ class NodeDecision:
 
     def devices_of(self, gpu_uuid: str) -> int:
         """How many devices the GPU publishes (drain taints change none)."""
-        return sum(len(g.devices) for g in self.devices if g.gpu_uuid == gpu_uuid)
+        return self.device_counts.get(gpu_uuid, 0)
 
     def devices_to_publish(self) -> list[GpuDevices]:
         """Every GPU's devices, those in :attr:`draining_devices` tainted."""
@@ -193,7 +195,10 @@ def decide_node(
                 evict.update(hold.pods if hold else ())
     spec = NodeLayoutSpec(gpus=sorted((d.written for d in decisions if d.written is not None), key=lambda g: g.uuid))
     missing = _missing_devices(node, status, published, holders, decisions)
-    return NodeDecision(node, spec, tuple(decisions), plan, tuple(sorted(evict)), missing, devices=built)
+    counts = {b.gpu_uuid: len(b.devices) for b in built}
+    return NodeDecision(
+        node, spec, tuple(decisions), plan, tuple(sorted(evict)), missing, devices=built, device_counts=counts
+    )
 
 
 def _missing_devices(

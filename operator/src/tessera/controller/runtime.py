@@ -282,7 +282,9 @@ class Controller:
         # (c) The new spec; devices it replaces stay tainted until the agent reports them gone.
         generation = await self._write_spec(node, layout, decision)
         await self.publisher.publish(node, view.uid, decision.devices_to_publish())
-        decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status)
+        # Carried out: what is kept is the decision without its devices (published now, and at
+        # thousands of GPUs too large to hold; the next decision builds its own).
+        decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status, devices=())
         await self._evict(node, decision)
         self._follow_drains(node, decision, previous)
         self.decisions[node] = decision
