@@ -42,9 +42,8 @@ Taints: a GPU whose health is not Healthy taints every device of it with
 ``gpu.tessera.dev/unhealthy`` (value: the health) NoSchedule; a GPU or device being drained
 gets ``tessera.dev/repartition`` NoSchedule, laid on already-built devices by
 ``with_drain_taints`` (so the operator builds a node's devices once per decision). They exist
-only while their cause does. No
-``timeAdded`` here: the apiserver stamps it, and ``tessera.dra.diff`` carries the stamp over
-on later writes so it stays stable.
+only while their cause does. No ``timeAdded`` here: the apiserver stamps it, and
+``tessera.dra.diff`` carries the stamp over on later writes so it stays stable.
 Not for: slices, names of slices, or writing anything (``tessera.dra.slices``, the controller).
 """
 
