@@ -4,13 +4,16 @@ values out: a Fleet as the watch events fill it and a clock."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from tessera.controller import decide as decide_module
 from tessera.controller.decide import NodeDecision, affected_devices, decide_node, published_device_names
 from tessera.controller.state import Fleet, claim_hold
-from tessera.models.layout import GpuLayout, GpuStatus, PlacedInstance
+from tessera.dra.devices import build_gpu_devices
+from tessera.models.layout import GpuLayout, GpuStatus, Health, PlacedInstance
 from tessera.models.policy import ShareStrategy, Strategy, TimeSlicingSpec
 from tessera.planner import PlanErrorReason
 from tests.controller_fleet import NODE, applied, claim_body, fleet_of, layout_of, policy_body
@@ -662,3 +665,53 @@ def test_within_static_mig_only_dropped_instances_are_affected() -> None:
 )
 def test_a_layout_that_only_changes_the_policy_name_affects_nothing(status: Any, target: GpuLayout) -> None:
     assert _affected(status, target) == frozenset()
+
+
+# -- the devices a decision carries to the publisher ------------------------------------------
+
+
+def test_a_decision_carries_each_gpus_devices_built_once_in_the_status_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    statuses = [mig_gpu(1), gpu(0), dynamic_gpu(2)]
+    fleet = fleet_of(statuses, policies=[policy_body("take", **MIG_1G_X7)])
+    built: list[str] = []
+    real = decide_module.build_gpu_devices
+
+    def counting(status: GpuStatus, draining: Any = ()) -> Any:
+        built.append(status.uuid)
+        return real(status, draining)
+
+    monkeypatch.setattr(decide_module, "build_gpu_devices", counting)
+    decision = _decide(fleet, handed_over=False)
+
+    assert built == [s.uuid for s in statuses], "each GPU's devices are built once per decision"
+    assert [d.gpu_uuid for d in decision.devices] == [s.uuid for s in statuses]
+    assert all("taints" not in d for g in decision.devices for d in g.devices), "built untainted"
+
+
+def test_the_devices_to_publish_are_what_building_them_with_the_decisions_drains_gives() -> None:
+    statuses = [mig_gpu(0), gpu(1, health=Health.UNHEALTHY), time_sliced_gpu(2), dynamic_gpu(3)]
+    fleet = fleet_of(
+        statuses,
+        [layout_of(statuses[2], "shared")],
+        policies=[policy_body("take", **MIG_1G_X7), policy_body("shared", **TIME_SLICED)],
+        claims=[claim_body("c", ["gpu-2"])],
+    )
+
+    decision = _decide(fleet, handed_over=False)
+
+    assert "gpu-1" in decision.draining_devices, "a drain on an unhealthy GPU (both taints) among others"
+    assert decision.devices_to_publish() == [build_gpu_devices(s, decision.draining_devices) for s in statuses]
+    (unhealthy,) = decision.devices_to_publish()[1].devices
+    assert [t["key"] for t in unhealthy["taints"]] == ["gpu.tessera.dev/unhealthy", "tessera.dev/repartition"]
+
+
+def test_a_decision_counts_the_devices_each_gpu_publishes_for_the_policy_status() -> None:
+    fleet = fleet_of([mig_gpu(0), gpu(1)])
+
+    decision = _decide(fleet, handed_over=False)
+
+    assert decision.devices_of(mig_gpu(0).uuid) == len(published_device_names(mig_gpu(0))) > 1
+    assert decision.devices_of(gpu(1).uuid) == 1
+    assert decision.devices_of("GPU-not-on-this-node") == 0
+    carried_out = replace(decision, devices=())  # what the operator keeps once it has published them
+    assert carried_out.devices_of(gpu(1).uuid) == 1

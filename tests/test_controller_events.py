@@ -3,7 +3,7 @@ enqueues exactly the nodes it concerns (the handlers themselves only pass events
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 from tessera.controller.handlers import slice_stub
 from tessera.controller.runtime import Controller
@@ -90,15 +90,35 @@ def test_a_policy_change_decides_every_node_again_and_an_unchanged_one_does_not(
 def test_a_slice_deletion_found_by_a_relist_still_names_its_node() -> None:
     controller = RecordingController()
     controller.node_seen("ADDED", node_body())
-    body = {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": f"{NODE}-tessera-gpu-0", "uid": "u1", "resourceVersion": "5"},
-        "spec": {"pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": [{"name": "gpu-0"}]},
-    }
+    body = slice_body(NODE)
     controller.slice_seen("ADDED", body)
-    assert [s["metadata"]["name"] for s in controller.slices[NODE]] == [f"{NODE}-tessera-gpu-0"]
+    assert [s["metadata"]["name"] for s in controller.publisher.slices[NODE]] == [f"{NODE}-tessera-gpu-0"]
 
     controller.slice_seen("DELETED", slice_stub(body))  # all a relist keeps of a slice that went
 
-    assert controller.slices[NODE] == []
+    assert controller.publisher.slices[NODE] == []
     assert controller.enqueued == [NODE, NODE, NODE]
+
+
+def test_a_slice_event_of_a_node_the_operator_does_not_know_is_ignored() -> None:
+    controller = RecordingController()
+    controller.slice_seen("ADDED", slice_body("node-unknown"))
+    assert controller.enqueued == []
+    assert controller.publisher.slices == {}
+
+
+def test_the_echo_of_a_slice_the_controller_wrote_enqueues_nothing() -> None:
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    body = slice_body(NODE)
+    controller.slice_seen("ADDED", body)
+    controller.slice_seen("MODIFIED", body)
+    assert controller.enqueued == [NODE, NODE], "the same resourceVersion again is no change"
+
+
+def slice_body(pool: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": f"{pool}-tessera-gpu-0", "uid": "u1", "resourceVersion": "5"},
+        "spec": {"pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "devices": [{"name": "gpu-0"}]},
+    }

@@ -80,7 +80,6 @@ def test_counts_nodes_gpus_applied_gpus_and_published_devices() -> None:
     fleet = _applied_fleet(2)
     # node-2's agent has not caught up with its new spec yet
     _add_node(fleet, "node-2", [gpu(0)], [_sliced(gpu(0).uuid)], generation=3, observed=2)
-    fleet.published_by_gpu.update({(NODE, gpu(0).uuid): 1, (NODE, gpu(1).uuid): 1, ("node-2", gpu(0).uuid): 1})
 
     t = _tally(fleet)
 

@@ -270,16 +270,14 @@ def test_gpu_nodes_are_the_nodes_with_a_layout_sorted_by_name() -> None:
     assert [v.name for v in fleet.gpu_nodes()] == ["node-a", "node-c"]
 
 
-def test_remove_node_forgets_its_published_counts_only() -> None:
+def test_remove_node_forgets_that_node_only() -> None:
     fleet = Fleet()
     for name in (NODE, "node-2"):
         fleet.set_node(node_body(name))
-        fleet.published_by_gpu[(name, "GPU-a")] = 3
 
     fleet.remove_node(NODE)
 
     assert set(fleet.nodes) == {"node-2"}
-    assert set(fleet.published_by_gpu) == {("node-2", "GPU-a")}
 
 
 def test_an_invalid_policy_is_recorded_as_an_error_until_it_is_fixed() -> None:

@@ -15,10 +15,10 @@ a claim holds drains. Not for: I/O.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tessera.controller.state import ClaimHold, DrainState, Fleet, NodeView
-from tessera.dra.devices import build_gpu_devices
+from tessera.dra.devices import GpuDevices, build_gpu_devices, with_drain_taints
 from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
 from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec, NodeLayoutStatus
 from tessera.models.policy import DrainMode, DrainSpec, Strategy
@@ -74,6 +74,11 @@ class NodeDecision:
     plan: FleetPlan
     evict: tuple[tuple[str, str], ...] = ()
     missing: tuple[MissingDevice, ...] = ()
+    # What each GPU of the agent's status publishes, built once (untainted by drains), in the
+    # status's order; :meth:`devices_to_publish` lays this decision's drain taints on top. The
+    # operator drops them once published (they are large); their counts stay, for the status.
+    devices: tuple[GpuDevices, ...] = ()
+    device_counts: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> devices
     # Set by the operator once the decision is carried out: the policies' epoch it was made
     # in, the NodeLayout generation its spec landed in, and the agent status its slices were
     # published from. A policy is Ready only on what has been published for its latest spec.
@@ -91,10 +96,23 @@ class NodeDecision:
         draining = {d for g in self.gpus if g.drain is not None for d in g.drain.devices}
         return frozenset(draining.union(*(g.changing for g in self.gpus)))
 
+    def devices_of(self, gpu_uuid: str) -> int:
+        """How many devices the GPU publishes (drain taints change none)."""
+        return self.device_counts.get(gpu_uuid, 0)
+
+    def devices_to_publish(self) -> list[GpuDevices]:
+        """Every GPU's devices, those in :attr:`draining_devices` tainted."""
+        draining = self.draining_devices
+        return [with_drain_taints(gpu, draining) for gpu in self.devices]
+
 
 def published_device_names(gpu: GpuStatus) -> frozenset[str]:
     """The devices Tessera publishes for ``gpu`` as it is now."""
-    return frozenset(str(d["name"]) for d in build_gpu_devices(gpu).devices)
+    return device_names(build_gpu_devices(gpu))
+
+
+def device_names(gpu: GpuDevices) -> frozenset[str]:
+    return frozenset(str(d["name"]) for d in gpu.devices)
 
 
 def _sharing(layout: GpuLayout | GpuStatus) -> tuple[object, ...]:
@@ -148,7 +166,8 @@ def decide_node(
     status = view.layout.status
     gpus = list(status.gpus) if status is not None else []
     holders = fleet.holders(node, fresh_claims)
-    published = {g.uuid: published_device_names(g) for g in gpus}  # built once: it is not cheap
+    built = tuple(build_gpu_devices(g) for g in gpus)  # once per decision: it is not cheap
+    published = {b.gpu_uuid: device_names(b) for b in built}
     planned = [_with_allocations(g, [d for d in published[g.uuid] if d in holders]) for g in gpus]
     plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)])
     current = view.layout.spec
@@ -176,7 +195,10 @@ def decide_node(
                 evict.update(hold.pods if hold else ())
     spec = NodeLayoutSpec(gpus=sorted((d.written for d in decisions if d.written is not None), key=lambda g: g.uuid))
     missing = _missing_devices(node, status, published, holders, decisions)
-    return NodeDecision(node, spec, tuple(decisions), plan, tuple(sorted(evict)), missing)
+    counts = {b.gpu_uuid: len(b.devices) for b in built}
+    return NodeDecision(
+        node, spec, tuple(decisions), plan, tuple(sorted(evict)), missing, devices=built, device_counts=counts
+    )
 
 
 def _missing_devices(

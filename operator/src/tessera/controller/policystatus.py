@@ -83,7 +83,7 @@ def tally(
                 continue
             nodes.add(decision.node)
             gpus += 1
-            devices += fleet.published_by_gpu.get((decision.node, gpu.uuid), 0)
+            devices += decision.devices_of(gpu.uuid)
             if gpu.error:
                 errors.append(f"{decision.node} GPU {gpu.index}: {gpu.error}")
             if gpu.drain is not None and gpu.drain.claims:  # a handover with no claim is not a drain

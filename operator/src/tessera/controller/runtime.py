@@ -3,9 +3,9 @@ the same node).
 
 Watch events (from the Kopf handlers and watches in ``tessera.controller.handlers``) update the
 :class:`~tessera.controller.state.Fleet` and enqueue the nodes they touch; the loop decides
-(pure), then writes only what differs: NodeLayout.spec, the node's ResourceSlices (the
-fewest writes, see ``tessera.dra.diff``), evictions for timed-out ``Evict`` drains, and —
-debounced — every SharingPolicy status.
+(pure), then writes only what differs: NodeLayout.spec, the node's ResourceSlices (handed to
+the :class:`~tessera.controller.publisher.SlicePublisher`, which makes the fewest writes),
+evictions for timed-out ``Evict`` drains, and — debounced — every SharingPolicy status.
 
 The handover, so that no claim ends up on a device that is about to go: a change to a GPU's
 published devices is (a) published first as those devices tainted ``NoSchedule`` — the write
@@ -17,7 +17,8 @@ written to NodeLayout.spec. The agent checks the claims once more before it dest
 Failed reconciles are retried with backoff. Several nodes are reconciled at once
 (``workers``): a reconcile mostly waits for API round trips, so one at a time would publish a
 large fleet at the speed of the apiserver's latency.
-Not for: deciding (``decide``, ``policystatus``) or building slices (``tessera.dra``).
+Not for: deciding (``decide``, ``policystatus``), building slices (``tessera.dra``), or
+keeping and writing them (``publisher``).
 """
 
 from __future__ import annotations
@@ -34,13 +35,11 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
 from tessera.controller.policystatus import policy_status, tally, transitions
+from tessera.controller.publisher import SlicePublisher, slice_pool
 from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
-from tessera.dra.devices import build_gpu_devices
-from tessera.dra.diff import orphaned_slices, plan_slice_writes
-from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, build_slices_from_devices
 from tessera.kube.http import ApiError
 from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
-from tessera.models.layout import NodeLayoutStatus
+from tessera.models.layout import NodeLayout
 from tessera.models.policy import SharingPolicyStatus
 
 log = structlog.get_logger("tessera.operator")
@@ -107,7 +106,7 @@ class Controller:
         self._missing_reported: dict[str, set[tuple[str, str]]] = {}  # node -> (claim, device) told
         self._missing_counts: dict[str, int] = {}
         self.decisions: dict[str, NodeDecision] = {}
-        self.slices: dict[str, list[dict[str, Any]]] = {}  # pool -> our slices as the API returned them
+        self.publisher = SlicePublisher(api, self._write)
         self.evicted: set[tuple[str, str]] = set()
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
@@ -159,8 +158,8 @@ class Controller:
 
     async def start(self) -> None:
         await self.prime()
-        await self._load_slices()
-        await self.remove_orphans()
+        await self.publisher.load()
+        await self.publisher.remove_orphans()
         # A status pass on a half-swept fleet would count half the GPUs and write that.
         self._unswept = set(self.fleet.nodes)
         if not self._unswept:
@@ -197,21 +196,6 @@ class Controller:
         self.enqueue_all()
         log.info("read the cluster", policies=len(self.fleet.policies), nodes=len(self.fleet.nodes),
                  gpu_nodes=len(self.fleet.gpu_nodes()), claims=len(self.fleet.claims))
-
-    async def _load_slices(self) -> None:
-        for item in await self.api.list_slices(f"{MANAGED_BY_LABEL}={MANAGED_BY}"):
-            pool = item.get("spec", {}).get("pool", {}).get("name", "")
-            self.slices.setdefault(pool, []).append(item)
-
-    async def remove_orphans(self) -> None:
-        """Delete our slices whose node no longer exists (the node went while we were away)."""
-        nodes = await self.api.list_node_names()
-        everything = [s for pool in self.slices.values() for s in pool]
-        for ref in orphaned_slices(everything, nodes):
-            await self._write("resourceslice/delete", self.api.delete_slice(ref.name, ref.uid))
-            log.info("deleted orphaned ResourceSlice", slice=ref.name)
-        for pool in [p for p in self.slices if p not in nodes]:
-            del self.slices[pool]
 
     async def _write(self, what: str, call: Awaitable[Any]) -> Any:
         API_WRITES.labels(what).inc()
@@ -265,7 +249,7 @@ class Controller:
         drains = previous.drains if previous else None
         decision = decide_node(self.fleet, node, time.monotonic(), drains)
         if decision is None:  # no agent has reported here (yet): nothing of ours should be published
-            await self._publish(node, view.uid, None, frozenset())
+            await self.publisher.publish(node, view.uid, ())
             self.decisions.pop(node, None)
             self._tainted.pop(node, None)
             self._set_draining(node, 0)
@@ -276,7 +260,7 @@ class Controller:
         layout = view.layout
         assert layout is not None  # decide_node returned a decision
         # (a) Taint what the new layouts change, and know when that write was acknowledged.
-        await self._publish(node, view.uid, layout.status, decision.draining_devices)
+        await self.publisher.publish(node, view.uid, decision.devices_to_publish())
         cleared = self._handed_over(node, decision)
         if cleared:
             # (b) Claims read after the taint's grace and after the watch view this decision
@@ -296,16 +280,31 @@ class Controller:
                 # anyway rather than wait on an event for a drain.
                 self._later(node, self.handover_grace + 1.0)
         # (c) The new spec; devices it replaces stay tainted until the agent reports them gone.
-        generation = layout.metadata.generation
-        if decision.spec != layout.spec:
-            body = await self._write(
-                "nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube())
-            )
-            generation = body["metadata"].get("generation")
-            self.fleet.set_layout(body)
-            log.info("wrote NodeLayout spec", node=node, gpus=len(decision.spec.gpus))
-        await self._publish(node, view.uid, layout.status, decision.draining_devices)
-        decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status)
+        generation = await self._write_spec(node, layout, decision)
+        await self.publisher.publish(node, view.uid, decision.devices_to_publish())
+        # Carried out: what is kept is the decision without its devices (published now, and at
+        # thousands of GPUs too large to hold; the next decision builds its own).
+        decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status, devices=())
+        await self._evict(node, decision)
+        self._follow_drains(node, decision, previous)
+        self.decisions[node] = decision
+        self._set_draining(node, sum(1 for d in decision.drains.values() if d.claims))
+        await self._tell_missing(node, decision.missing)
+        self.status_changed()
+
+    async def _write_spec(self, node: str, layout: NodeLayout, decision: NodeDecision) -> int | None:
+        """Write the decision's spec where it differs from the NodeLayout's; the generation the
+        spec is at afterwards."""
+        if decision.spec == layout.spec:
+            return layout.metadata.generation
+        body = await self._write("nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube()))
+        generation: int | None = body["metadata"].get("generation")
+        self.fleet.set_layout(body)
+        log.info("wrote NodeLayout spec", node=node, gpus=len(decision.spec.gpus))
+        return generation
+
+    async def _evict(self, node: str, decision: NodeDecision) -> None:
+        """Evict the Pods of timed-out ``Evict`` drains, each once."""
         if decision.evict:  # forget evictions of Pods that no claim is reserved for any more
             self.evicted &= {pod for hold in self.fleet.claims.values() for pod in hold.pods}
         for namespace, pod in decision.evict:
@@ -314,6 +313,9 @@ class Controller:
             ):
                 self.evicted.add((namespace, pod))
                 log.info("evicted a Pod to finish a drain", pod=f"{namespace}/{pod}", node=node)
+
+    def _follow_drains(self, node: str, decision: NodeDecision, previous: NodeDecision | None) -> None:
+        """Come back when a drain times out; say when a GPU starts waiting for claims."""
         for drain in decision.drains.values():
             if drain.claims and not drain.timed_out:
                 self._later(node, self._drain_deadline(drain) - time.monotonic() + 0.05)
@@ -321,23 +323,22 @@ class Controller:
             if drain.claims and (previous is None or uuid not in previous.drains or not previous.drains[uuid].claims):
                 log.info("draining GPU before changing its layout", node=node, gpu=drain.gpu_index,
                          waiting_for=drain.describe())
-        self.decisions[node] = decision
-        self._set_draining(node, sum(1 for d in decision.drains.values() if d.claims))
-        self._report_missing(node, decision.missing)
-        for missing in decision.missing:
-            key = (missing.claim.key, missing.device)
+
+    async def _tell_missing(self, node: str, missing: tuple[MissingDevice, ...]) -> None:
+        """An Event, once, for each claim allocated a device the node no longer has."""
+        self._report_missing(node, missing)
+        for each in missing:
+            key = (each.claim.key, each.device)
             if key not in self._missing_reported.setdefault(node, set()):
                 self._missing_reported[node].add(key)
-                log.error("a claim is allocated a device that no longer exists", node=node, claim=missing.claim.key,
-                          device=missing.device)
+                log.error("a claim is allocated a device that no longer exists", node=node, claim=each.claim.key,
+                          device=each.device)
                 claim = {
                     "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": missing.claim.name, "namespace": missing.claim.namespace,
-                                 "uid": missing.claim.uid},
+                    "metadata": {"name": each.claim.name, "namespace": each.claim.namespace, "uid": each.claim.uid},
                 }
                 await self._write("event", self.api.post_event(claim, "Warning", "AllocatedDeviceMissing",
-                                                               missing.describe()))
-        self.status_changed()
+                                                               each.describe()))
 
     def _handed_over(self, node: str, decision: NodeDecision) -> dict[str, tuple[frozenset[str], float]]:
         """GPUs whose changing devices have been published tainted for at least the grace and
@@ -388,44 +389,6 @@ class Controller:
         policy = self.fleet.policies.get(drain.policy or "")
         return drain.since + (policy.spec.drain.timeout_seconds if policy is not None else 3600.0)
 
-    async def _publish(
-        self, node: str, uid: str, status: NodeLayoutStatus | None, draining: frozenset[str]
-    ) -> None:
-        gpus = status.gpus if status is not None else []
-        devices = [build_gpu_devices(gpu, draining) for gpu in gpus]
-        for gpu, built in zip(gpus, devices, strict=True):
-            self.fleet.published_by_gpu[(node, gpu.uuid)] = len(built.devices)
-        desired = build_slices_from_devices(NodeRef(node, uid), devices)
-        existing = self.slices.get(node, [])
-        plan = plan_slice_writes(node, desired, existing)
-        if not (plan.creates or plan.updates or plan.deletes):
-            return
-        current = {s["metadata"]["name"]: s for s in existing}
-        for ref in plan.deletes:
-            await self._write("resourceslice/delete", self.api.delete_slice(ref.name, ref.uid))
-            current.pop(ref.name, None)
-        for body in plan.updates:
-            try:
-                current[body["metadata"]["name"]] = await self._write(
-                    "resourceslice/update", self.api.replace_slice(body)
-                )
-            except ApiError as exc:
-                if exc.status in (404, 409):  # someone else wrote: re-list and plan again
-                    await self._relist(node)
-                raise
-        for body in plan.creates:
-            try:
-                current[body["metadata"]["name"]] = await self._write(
-                    "resourceslice/create", self.api.create_slice(body)
-                )
-            except ApiError as exc:
-                if exc.status == 409:
-                    await self._relist(node)
-                raise
-        self.slices[node] = sorted(current.values(), key=lambda s: str(s["metadata"]["name"]))
-        log.info("published ResourceSlices", node=node, generation=plan.generation, created=len(plan.creates),
-                 updated=len(plan.updates), deleted=len(plan.deletes))
-
     # -- watch events (what the handlers hand over) ----------------------------------------
 
     def policy_seen(self, body: Mapping[str, Any]) -> None:
@@ -468,36 +431,15 @@ class Controller:
         self.enqueue(*sorted(nodes))
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:
-        """A watch event for one of our slices. Someone else's change (the kubelet wipes a
-        driver's slices when its plugin goes away; a person deletes one) makes the node's
-        slices be planned again from the truth; our own writes change nothing."""
-        pool = str((body.get("spec") or {}).get("pool", {}).get("name", ""))
-        name = str(body["metadata"]["name"])
-        if not pool or pool not in self.fleet.nodes:
-            return
-        cached = {str(s["metadata"]["name"]): s for s in self.slices.get(pool, [])}
-        known = cached.get(name)
-        if event_type == "DELETED":
-            if known is None:
-                return
-            del cached[name]
-        else:
-            version = body["metadata"].get("resourceVersion")
-            if known is not None and known["metadata"].get("resourceVersion") == version:
-                return
-            cached[name] = body
-        self.slices[pool] = sorted(cached.values(), key=lambda s: str(s["metadata"]["name"]))
-        self.enqueue(pool)
-
-    async def _relist(self, node: str) -> None:
-        items = await self.api.list_slices(f"{MANAGED_BY_LABEL}={MANAGED_BY}")
-        self.slices[node] = [s for s in items if s.get("spec", {}).get("pool", {}).get("name") == node]
+        """A watch event for one of our slices: someone else's change to a node's slices (see
+        :meth:`SlicePublisher.seen`) has them planned again; our own writes change nothing."""
+        pool = slice_pool(body)
+        if pool and pool in self.fleet.nodes and self.publisher.seen(event_type, body):
+            self.enqueue(pool)
 
     async def _forget(self, node: str) -> None:
         """A node is gone: delete its slices (its Node owns them; this is belt and braces)."""
-        for item in self.slices.pop(node, []):
-            meta = item["metadata"]
-            await self._write("resourceslice/delete", self.api.delete_slice(meta["name"], meta.get("uid")))
+        await self.publisher.forget(node)
         self.decisions.pop(node, None)
         self._tainted.pop(node, None)
         self._set_draining(node, 0)

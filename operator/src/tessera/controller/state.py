@@ -1,8 +1,8 @@
 """The operator's in-memory view of the cluster, fed by watch events.
 
 The Controller turns the watch events its handlers and watches pass on into the small values here
-(policies, nodes with their NodeLayouts, our driver's allocations from ResourceClaims, the
-devices published per GPU); the pure deciding code reads them. Nothing here does I/O.
+(policies, nodes with their NodeLayouts, our driver's allocations from ResourceClaims); the
+pure deciding code reads them. Nothing here does I/O.
 Not for: deciding anything (``tessera.controller.decide``).
 """
 
@@ -102,7 +102,6 @@ class Fleet:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     layouts: dict[str, NodeLayout] = field(default_factory=dict)  # NodeLayouts seen before their Node
     claims: dict[str, ClaimHold] = field(default_factory=dict)
-    published_by_gpu: dict[tuple[str, str], int] = field(default_factory=dict)  # (node, GPU) -> devices published
 
     # -- updates from watch events ---------------------------------------------------------
 
@@ -143,8 +142,6 @@ class Fleet:
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
         self.layouts.pop(name, None)
-        for key in [k for k in self.published_by_gpu if k[0] == name]:
-            del self.published_by_gpu[key]
 
     def set_layout(self, body: Mapping[str, Any]) -> str:
         name = str(body["metadata"]["name"])

@@ -40,16 +40,17 @@ Every device carries ``managed`` (bool): whether the layout in force is a Sharin
 
 Taints: a GPU whose health is not Healthy taints every device of it with
 ``gpu.tessera.dev/unhealthy`` (value: the health) NoSchedule; a GPU or device being drained
-gets ``tessera.dev/repartition`` NoSchedule. They exist only while their cause does. No
-``timeAdded`` here: the apiserver stamps it, and ``tessera.dra.diff`` carries the stamp over
-on later writes so it stays stable.
+gets ``tessera.dev/repartition`` NoSchedule, laid on already-built devices by
+``with_drain_taints`` (so the operator builds a node's devices once per decision). They exist
+only while their cause does. No ``timeAdded`` here: the apiserver stamps it, and
+``tessera.dra.diff`` carries the stamp over on later writes so it stays stable.
 Not for: slices, names of slices, or writing anything (``tessera.dra.slices``, the controller).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tessera import DRIVER_NAME
@@ -167,15 +168,34 @@ def shared_capacity(total_memory: int, sharing: ShareStrategy, gpu: GpuStatus) -
     return {MEMORY_CAPACITY: mps_memory_capacity(total_memory, spec), COMPUTE_CAPACITY: mps_compute_capacity(spec)}
 
 
-def _taints(
-    gpu: GpuStatus, device_name: str, device_uuid: str | None, draining: Collection[str]
-) -> list[dict[str, str]]:
-    taints: list[dict[str, str]] = []
-    if gpu.uuid in draining or device_name in draining or (device_uuid is not None and device_uuid in draining):
-        taints.append({"key": DRAIN_TAINT_KEY, "effect": NO_SCHEDULE})
+def _health_taints(gpu: GpuStatus) -> list[dict[str, str]]:
     if gpu.health is not Health.HEALTHY:
-        taints.append({"key": UNHEALTHY_TAINT_KEY, "value": gpu.health.value, "effect": NO_SCHEDULE})
-    return sorted(taints, key=lambda t: t["key"])
+        return [{"key": UNHEALTHY_TAINT_KEY, "value": gpu.health.value, "effect": NO_SCHEDULE}]
+    return []
+
+
+def _drained(gpu_uuid: str, device: Device, draining: Collection[str]) -> bool:
+    """Whether ``draining`` names the device: by its GPU's UUID, its name, or its own UUID
+    (a static MIG instance's; a whole GPU's is its GPU's)."""
+    own = device["attributes"].get("uuid", {}).get("string")
+    return gpu_uuid in draining or device["name"] in draining or (own is not None and own in draining)
+
+
+def with_drain_taints(gpu: GpuDevices, draining: Collection[str]) -> GpuDevices:
+    """``gpu``'s devices with the repartition taint on those ``draining`` names (GPU UUIDs, MIG
+    instance UUIDs or device names), beside any taint they already carry, sorted by key.
+
+    The one way a device gets the drain taint: devices are built once, untainted, and this is
+    laid on top for each publish. ``gpu`` is not changed; untouched devices are shared."""
+    if not draining:
+        return gpu
+    devices = []
+    for device in gpu.devices:
+        if _drained(gpu.gpu_uuid, device, draining):
+            taints = [*device.get("taints", ()), {"key": DRAIN_TAINT_KEY, "effect": NO_SCHEDULE}]
+            device = {**device, "taints": sorted(taints, key=lambda t: t["key"])}
+        devices.append(device)
+    return replace(gpu, devices=tuple(devices))
 
 
 def _device(
@@ -221,7 +241,7 @@ def _gpu_sharing(gpu: GpuStatus) -> ShareStrategy | None:
     return None
 
 
-def whole_gpu_device(gpu: GpuStatus, draining: Collection[str] = ()) -> Device:
+def whole_gpu_device(gpu: GpuStatus) -> Device:
     """The whole GPU as one device: Exclusive, or shared by TimeSlicing / MPS."""
     name = gpu_device_name(gpu.index)
     sharing = _gpu_sharing(gpu)
@@ -230,7 +250,7 @@ def whole_gpu_device(gpu: GpuStatus, draining: Collection[str] = ()) -> Device:
         attrs["multiprocessors"] = {"int": gpu.multiprocessors}
     total = memory_bytes(gpu.memory_mib)
     capacity = shared_capacity(total, sharing, gpu) if sharing else {MEMORY_CAPACITY: _capacity(total)}
-    return _device(name, attrs, capacity, shared=sharing is not None, taints=_taints(gpu, name, gpu.uuid, draining))
+    return _device(name, attrs, capacity, shared=sharing is not None, taints=_health_taints(gpu))
 
 
 def _mig_attributes(gpu: GpuStatus, profile: str, start: int, size: int, multiprocessors: int) -> dict[str, Attribute]:
@@ -249,7 +269,7 @@ def _mig_attributes(gpu: GpuStatus, profile: str, start: int, size: int, multipr
     return attrs
 
 
-def mig_instance_device(gpu: GpuStatus, instance: MigInstanceStatus, draining: Collection[str] = ()) -> Device:
+def mig_instance_device(gpu: GpuStatus, instance: MigInstanceStatus) -> Device:
     """A static MIG instance; multi-allocatable with consumable capacity under ``mig_sharing``."""
     name = mig_device_name(gpu.index, instance.profile, instance.start)
     sharing = gpu.mig_sharing
@@ -258,8 +278,7 @@ def mig_instance_device(gpu: GpuStatus, instance: MigInstanceStatus, draining: C
     attrs = _share_attributes(attrs, sharing)
     total = memory_bytes(instance.memory_mib)
     capacity = shared_capacity(total, sharing, gpu) if sharing else {MEMORY_CAPACITY: _capacity(total)}
-    taints = _taints(gpu, name, instance.uuid, draining)
-    return _device(name, attrs, capacity, shared=sharing is not None, taints=taints)
+    return _device(name, attrs, capacity, shared=sharing is not None, taints=_health_taints(gpu))
 
 
 def counter_set_name(gpu_index: int) -> str:
@@ -284,14 +303,14 @@ def placement_counters(profile: MigProfile, start: int) -> dict[str, dict[str, s
     return dict(sorted(counters.items()))
 
 
-def dynamic_mig_device(gpu: GpuStatus, profile: MigProfile, start: int, draining: Collection[str] = ()) -> Device:
+def dynamic_mig_device(gpu: GpuStatus, profile: MigProfile, start: int) -> Device:
     """One possible placement of ``profile`` on a DynamicMIG GPU, made when a claim gets it."""
     name = dynamic_mig_device_name(gpu.index, profile.name, start)
     attrs = _mig_attributes(gpu, profile.name, start, profile.memory_slices, profile.multiprocessors)
     attrs["dynamic"] = {"bool": True}
     consumes = [{"counterSet": counter_set_name(gpu.index), "counters": placement_counters(profile, start)}]
     capacity = {MEMORY_CAPACITY: _capacity(memory_bytes(profile.memory_mib))}
-    return _device(name, attrs, capacity, taints=_taints(gpu, name, None, draining), consumes=consumes)
+    return _device(name, attrs, capacity, taints=_health_taints(gpu), consumes=consumes)
 
 
 def _overlaps(start: int, size: int, taken: Collection[MigInstanceStatus]) -> bool:
@@ -302,12 +321,16 @@ def build_gpu_devices(gpu: GpuStatus, draining: Collection[str] = ()) -> GpuDevi
     """Every device (and counter set) ``gpu`` publishes under the strategy it really has.
 
     ``draining`` holds GPU UUIDs, MIG instance UUIDs or device names being drained; their
-    devices carry the repartition taint."""
+    devices carry the repartition taint (:func:`with_drain_taints`)."""
+    return with_drain_taints(_build_gpu_devices(gpu), draining)
+
+
+def _build_gpu_devices(gpu: GpuStatus) -> GpuDevices:
     if gpu.strategy in (Strategy.EXCLUSIVE, Strategy.TIME_SLICING, Strategy.MPS):
-        return GpuDevices(gpu.index, gpu.uuid, (whole_gpu_device(gpu, draining),))
+        return GpuDevices(gpu.index, gpu.uuid, (whole_gpu_device(gpu),))
     if gpu.strategy is Strategy.MIG:
         instances = sorted(gpu.mig_instances, key=lambda i: (i.start, i.profile))
-        mig = [mig_instance_device(gpu, i, draining) for i in instances]
+        mig = [mig_instance_device(gpu, i) for i in instances]
         return GpuDevices(gpu.index, gpu.uuid, tuple(sorted(mig, key=lambda d: str(d["name"]))))
     model = catalog_model(gpu.model, gpu.product_name)
     if model is None or not model.mig_capable:
@@ -315,7 +338,7 @@ def build_gpu_devices(gpu: GpuStatus, draining: Collection[str] = ()) -> GpuDevi
         return GpuDevices(gpu.index, gpu.uuid, (), problems=(problem,))
     fixed = [i for i in gpu.mig_instances if not i.dynamic]
     devices = [
-        dynamic_mig_device(gpu, profile, start, draining)
+        dynamic_mig_device(gpu, profile, start)
         for profile in model.profiles
         for start in profile.starts
         if start + profile.memory_slices <= MEMORY_SLICES and not _overlaps(start, profile.memory_slices, fixed)

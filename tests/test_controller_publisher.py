@@ -1,0 +1,218 @@
+"""The SlicePublisher (tessera.controller.publisher): built devices in, the fewest slice writes
+out, against a fake apiserver; its cache follows the watch, telling our own writes' echoes
+from someone else's changes."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Awaitable
+from typing import Any, cast
+
+import pytest
+
+from tessera.controller.handlers import slice_stub
+from tessera.controller.publisher import SlicePublisher
+from tessera.dra.devices import DRAIN_TAINT_KEY, GpuDevices, build_gpu_devices, with_drain_taints
+from tessera.kube.http import ApiError
+from tessera.kube.objects import Api
+from tests.dra_gpus import NODE_UID, gpu, mig_gpu
+
+NODE = "gpu-node-1"
+_versions = itertools.count(100)
+
+
+class FakeSliceApi:
+    """The slice calls of :class:`Api`, storing what it is sent the way the apiserver does
+    (uid and resourceVersion added); ``conflict_on_create`` answers the next create 409."""
+
+    def __init__(self, nodes: set[str] | None = None) -> None:
+        self.stored: dict[str, dict[str, Any]] = {}
+        self.nodes = nodes if nodes is not None else {NODE}
+        self.conflict_on_create = False
+        self.deleted: list[str] = []
+
+    def _store(self, body: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
+        stored = copy.deepcopy(body)
+        stored["metadata"]["uid"] = uid or f"uid-{next(_versions)}"
+        stored["metadata"]["resourceVersion"] = str(next(_versions))
+        self.stored[stored["metadata"]["name"]] = stored
+        return copy.deepcopy(stored)
+
+    async def list_slices(self, label_selector: str) -> list[dict[str, Any]]:
+        assert label_selector == "app.kubernetes.io/managed-by=tessera"
+        return [copy.deepcopy(s) for _, s in sorted(self.stored.items())]
+
+    async def list_node_names(self) -> set[str]:
+        return set(self.nodes)
+
+    async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.conflict_on_create or body["metadata"]["name"] in self.stored:
+            self.conflict_on_create = False
+            raise ApiError(409, "AlreadyExists", body["metadata"]["name"])
+        return self._store(body)
+
+    async def replace_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        old = self.stored.get(body["metadata"]["name"])
+        if old is None:
+            raise ApiError(404, "NotFound", body["metadata"]["name"])
+        if old["metadata"]["resourceVersion"] != body["metadata"].get("resourceVersion"):
+            raise ApiError(409, "Conflict", body["metadata"]["name"])
+        return self._store(body, old["metadata"]["uid"])
+
+    async def delete_slice(self, name: str, uid: str | None = None) -> None:
+        if name in self.stored and (uid is None or self.stored[name]["metadata"]["uid"] == uid):
+            del self.stored[name]
+            self.deleted.append(name)
+
+    def put(self, name: str, pool: str) -> dict[str, Any]:
+        """A slice of ours written behind the publisher's back (an earlier operator's)."""
+        return self._store({
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "tessera"}},
+            "spec": {"driver": "gpu.tessera.dev", "nodeName": pool, "pool": {"name": pool, "generation": 1,
+                                                                              "resourceSliceCount": 1}},
+        })
+
+
+class Writes:
+    """The injected writer: records each write's metric label."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+
+    async def __call__(self, what: str, call: Awaitable[Any]) -> Any:
+        self.made.append(what)
+        return await call
+
+
+def publisher(api: FakeSliceApi) -> tuple[SlicePublisher, Writes]:
+    writes = Writes()
+    return SlicePublisher(cast(Api, api), writes), writes
+
+
+def two_gpus() -> list[GpuDevices]:
+    return [build_gpu_devices(gpu(0)), build_gpu_devices(mig_gpu(1))]
+
+
+async def test_first_publish_creates_each_gpus_slice_and_publishing_again_writes_nothing() -> None:
+    api = FakeSliceApi()
+    pub, writes = publisher(api)
+
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    assert writes.made == ["resourceslice/create", "resourceslice/create"]
+    assert sorted(api.stored) == [f"{NODE}-tessera-gpu-0", f"{NODE}-tessera-gpu-1"]
+    assert [s["metadata"]["resourceVersion"] for s in pub.slices[NODE]] == [
+        api.stored[n]["metadata"]["resourceVersion"] for n in sorted(api.stored)
+    ], "the cache holds the slices as the API returned them"
+
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    assert len(writes.made) == 2
+
+
+async def test_drain_taints_laid_on_built_devices_rewrite_only_that_gpus_slice() -> None:
+    api = FakeSliceApi()
+    pub, writes = publisher(api)
+    built = two_gpus()
+    await pub.publish(NODE, NODE_UID, built)
+
+    await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in built])
+
+    assert writes.made[2:] == ["resourceslice/update"]
+    (device,) = api.stored[f"{NODE}-tessera-gpu-0"]["spec"]["devices"]
+    assert device["taints"] == [{"key": DRAIN_TAINT_KEY, "effect": "NoSchedule"}]
+    assert all("taints" not in d for d in api.stored[f"{NODE}-tessera-gpu-1"]["spec"]["devices"])
+    assert "taints" not in built[0].devices[0], "the built devices are left as they were"
+
+
+async def test_publishing_no_devices_deletes_every_slice_of_the_node() -> None:
+    api = FakeSliceApi()
+    pub, writes = publisher(api)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+
+    await pub.publish(NODE, NODE_UID, ())
+
+    assert api.stored == {}
+    assert writes.made[2:] == ["resourceslice/delete", "resourceslice/delete"]
+    assert pub.slices[NODE] == []
+
+
+async def test_a_conflicting_create_reads_the_pool_again_and_raises_so_the_next_publish_plans_from_the_truth() -> None:
+    api = FakeSliceApi()
+    pub, _ = publisher(api)
+    theirs = api.put(f"{NODE}-tessera-gpu-0", NODE)  # written while the cache did not know it
+
+    with pytest.raises(ApiError):
+        await pub.publish(NODE, NODE_UID, two_gpus())
+    assert f"{NODE}-tessera-gpu-0" in {s["metadata"]["name"] for s in pub.slices[NODE]}
+
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    assert api.stored[f"{NODE}-tessera-gpu-0"]["metadata"]["uid"] == theirs["metadata"]["uid"], "replaced, not re-made"
+    assert api.stored[f"{NODE}-tessera-gpu-0"]["spec"]["devices"][0]["name"] == "gpu-0"
+    assert f"{NODE}-tessera-gpu-1" in api.stored
+
+
+async def test_a_stale_update_reads_the_pool_again_and_raises() -> None:
+    api = FakeSliceApi()
+    pub, _ = publisher(api)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    api.stored[f"{NODE}-tessera-gpu-0"]["metadata"]["resourceVersion"] = "999"  # someone else wrote
+
+    with pytest.raises(ApiError):
+        await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+
+    cached = {s["metadata"]["name"]: s for s in pub.slices[NODE]}
+    assert cached[f"{NODE}-tessera-gpu-0"]["metadata"]["resourceVersion"] == "999"
+
+
+async def test_loading_then_removing_orphans_deletes_only_slices_whose_node_is_gone() -> None:
+    api = FakeSliceApi(nodes={NODE})
+    api.put(f"{NODE}-tessera-gpu-0", NODE)
+    api.put("gone-node-tessera-gpu-0", "gone-node")
+    pub, writes = publisher(api)
+
+    await pub.load()
+    assert set(pub.slices) == {NODE, "gone-node"}
+    await pub.remove_orphans()
+
+    assert api.deleted == ["gone-node-tessera-gpu-0"]
+    assert writes.made == ["resourceslice/delete"]
+    assert set(pub.slices) == {NODE}
+
+
+async def test_forgetting_a_pool_deletes_its_slices_and_its_cache() -> None:
+    api = FakeSliceApi()
+    pub, writes = publisher(api)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+
+    await pub.forget(NODE)
+
+    assert api.stored == {}
+    assert writes.made[2:] == ["resourceslice/delete", "resourceslice/delete"]
+    assert NODE not in pub.slices
+
+
+async def test_the_echo_of_our_own_write_is_no_change_and_someone_elses_is() -> None:
+    api = FakeSliceApi()
+    pub, _ = publisher(api)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    ours = copy.deepcopy(api.stored[f"{NODE}-tessera-gpu-0"])
+
+    assert not pub.seen("MODIFIED", ours), "the same resourceVersion: our own write coming back"
+
+    theirs = copy.deepcopy(ours)
+    theirs["metadata"]["resourceVersion"] = "5000"
+    theirs["spec"]["devices"] = []
+    assert pub.seen("MODIFIED", theirs)
+    cached = {s["metadata"]["name"]: s for s in pub.slices[NODE]}
+    assert cached[f"{NODE}-tessera-gpu-0"]["spec"]["devices"] == []
+
+
+async def test_a_deletion_counts_once_and_only_for_a_slice_the_cache_holds() -> None:
+    api = FakeSliceApi()
+    pub, _ = publisher(api)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    body = api.stored[f"{NODE}-tessera-gpu-1"]
+
+    assert pub.seen("DELETED", slice_stub(body))  # all a relist keeps of a slice that went
+    assert [s["metadata"]["name"] for s in pub.slices[NODE]] == [f"{NODE}-tessera-gpu-0"]
+    assert not pub.seen("DELETED", slice_stub(body)), "already gone from the cache"
