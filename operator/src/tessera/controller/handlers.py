@@ -22,8 +22,8 @@ from typing import Any
 import kopf
 
 from tessera import API_GROUP
+from tessera.controller.publisher import OURS, slice_pool
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, Controller
-from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL
 from tessera.kube.http import KubeClient
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
 from tessera.kube.watch import ListWatch, metadata_stub
@@ -38,8 +38,7 @@ def _controller(memo: Any) -> Controller:
 
 def slice_stub(body: Mapping[str, Any]) -> dict[str, Any]:
     """What a slice's deletion must still say after a relist: its pool (its node)."""
-    pool = ((body.get("spec") or {}).get("pool") or {}).get("name")
-    return {**metadata_stub(body), "spec": {"pool": {"name": pool}}}
+    return {**metadata_stub(body), "spec": {"pool": {"name": slice_pool(body)}}}
 
 
 @kopf.on.login(registry=registry)
@@ -72,7 +71,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     memo.watches = [
         ListWatch(client, *NODES, controller.node_seen),
         ListWatch(client, *LAYOUTS, controller.layout_seen),
-        ListWatch(client, *SLICES, controller.slice_seen, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+        ListWatch(client, *SLICES, controller.slice_seen, label_selector=OURS,
                   stub=slice_stub),
     ]
     for watch in memo.watches:

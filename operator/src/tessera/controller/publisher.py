@@ -90,7 +90,7 @@ class SlicePublisher:
     async def relist(self, pool: str) -> None:
         """Replace the cache of ``pool`` with what the API holds now."""
         items = await self.api.list_slices(OURS)
-        self.slices[pool] = [s for s in items if s.get("spec", {}).get("pool", {}).get("name") == pool]
+        self.slices[pool] = [s for s in items if slice_pool(s) == pool]
 
     async def forget(self, pool: str) -> None:
         """Delete every slice of ``pool`` (its node is gone; the Node owns them too, so this is

@@ -218,13 +218,18 @@ class KubeClient:
 
     async def list(self, path: str, *, label_selector: str | None = None, field_selector: str | None = None,
                    page_size: int = 500, timeout_s: float | None = None) -> Objects:
-        """Every item, page by page (``list_page`` for one page)."""
+        """Every item, page by page (``list_page`` for one page), each naming its ``apiVersion``
+        and ``kind`` as a single get would (list items leave them out)."""
         items: Objects = []
         token: str | None = None
         while True:
             page = await self.list_page(path, label_selector=label_selector, field_selector=field_selector,
                                    limit=page_size, continue_=token, timeout_s=timeout_s)
-            items.extend(page.get("items") or [])
+            kind = str(page.get("kind", "")).removesuffix("List")
+            for item in page.get("items") or []:
+                item.setdefault("apiVersion", page.get("apiVersion"))
+                item.setdefault("kind", kind)
+                items.append(item)
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return items

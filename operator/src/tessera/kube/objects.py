@@ -39,21 +39,8 @@ class Api:
 
     async def list_all(self, group: str, version: str, plural: str, label_selector: str = "") -> list[dict[str, Any]]:
         """Every object of a (cluster-wide) resource, page by page, as plain dicts that name
-        their ``apiVersion`` and ``kind`` (list items do not)."""
-        out: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            page = await self.client.list_page(resource_path(group, version, plural),
-                                               label_selector=label_selector or None, limit=500, continue_=token)
-            kind = str(page.get("kind", "")).removesuffix("List")
-            api_version = page.get("apiVersion") or (f"{group}/{version}" if group else version)
-            for item in page.get("items") or []:
-                item.setdefault("apiVersion", api_version)
-                item.setdefault("kind", kind)
-                out.append(item)
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return out
+        their ``apiVersion`` and ``kind``."""
+        return await self.client.list(resource_path(group, version, plural), label_selector=label_selector or None)
 
     async def list_slices(self, label_selector: str) -> list[dict[str, Any]]:
         return await self.list_all(*SLICES, label_selector)
