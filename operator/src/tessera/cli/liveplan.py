@@ -23,7 +23,7 @@ from tessera import API_GROUP, API_VERSION
 from tessera.controller.decide import decide_node
 from tessera.controller.state import Fleet
 from tessera.kube.http import KubeClient
-from tessera.kube.objects import Api
+from tessera.kube.objects import CLAIMS, Api
 from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import SharingPolicy, Strategy
 from tessera.planner.fleet import Conflict
@@ -173,7 +173,7 @@ async def read_fleet(kubeconfig: Path | None) -> Fleet:
             api.list_nodes(),
             api.list_all(API_GROUP, API_VERSION, "nodelayouts"),
             api.list_all(API_GROUP, API_VERSION, "sharingpolicies"),
-            api.list_all("resource.k8s.io", "v1", "resourceclaims"),
+            api.list_all(*CLAIMS),
         )
     fleet = Fleet()
     for node in nodes:

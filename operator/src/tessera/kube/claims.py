@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessera import RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.kube.http import ApiError, KubeClient, resource_path
-
-RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 
 
 class ClaimListError(Exception):

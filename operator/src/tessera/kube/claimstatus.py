@@ -20,9 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tessera import RESOURCE_API_VERSION, RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.kube.http import ApiError, KubeClient, resource_path
-
-RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 
 
 class ClaimGoneError(Exception):
@@ -42,7 +41,7 @@ async def apply_claim_device_status(
     (an empty sequence removes them). Raises ClaimGoneError when the claim is gone or has
     another UID; other API errors propagate."""
     body = {
-        "apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}",
+        "apiVersion": RESOURCE_API_VERSION,
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
         "status": {"devices": list(devices)},

@@ -10,10 +10,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from tessera import API_GROUP, API_VERSION
+from tessera import API_GROUP, API_VERSION, RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.kube.http import ApiError, KubeClient, resource_path
 
-RESOURCE_GROUP, RESOURCE_VERSION = "resource.k8s.io", "v1"
 POLICIES = (API_GROUP, API_VERSION, "sharingpolicies")
 LAYOUTS = (API_GROUP, API_VERSION, "nodelayouts")
 CLAIMS = (RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims")
