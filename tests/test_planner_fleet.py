@@ -4,6 +4,8 @@ inventory file format, and the fleet planner's determinism."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -87,6 +89,22 @@ def test_selector_results_are_remembered_per_distinct_gpu_kind() -> None:
     for i in range(20):
         assert selector.matches(catalog_gpu(f"n{i}", i % 8, "H100-80GB"))
     assert len(selector._memo) == 1
+
+
+def test_the_cel_evaluator_is_loaded_without_the_packages_interactive_cli() -> None:
+    """The planner evaluates CEL with the compiled evaluator alone: the package's own
+    ``__init__`` would also load its CLI (prompt_toolkit, typer), ~25 MiB in every operator."""
+    probe = (
+        "import sys\n"
+        "from tessera.planner import compile_gpu_selector\n"
+        "from tessera.planner.inventory import catalog_gpu\n"
+        "selector = compile_gpu_selector('device.capacity[\"gpu.tessera.dev\"].memory.isGreaterThan(quantity(\"40Gi\"))')\n"
+        "assert selector.matches(catalog_gpu('n', 0, 'H100-80GB'))\n"
+        "assert not selector.matches(catalog_gpu('n', 1, 'A100-40GB'))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('cel', 'prompt_toolkit', 'typer')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['cel.cel']"
 
 
 def test_priority_wins_then_name_and_losers_are_conflicts() -> None:

@@ -20,19 +20,49 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib.machinery
+import importlib.util
 import re
+import sys
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
-
-import cel
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from tessera import DRIVER_NAME
 from tessera.models.attributes import MEMORY_CAPACITY, PCIE_ROOT_ATTRIBUTE, whole_gpu_attributes
 from tessera.models.layout import GpuStatus
 from tessera.models.quantity import MIB
 from tessera.models.quantity import quantity_value as parse_kube_quantity
+
+
+def _cel_evaluator() -> ModuleType:
+    """The compiled CEL evaluator of ``common-expression-language``, loaded without its
+    package: the package's ``__init__`` also imports its interactive CLI (prompt_toolkit,
+    typer, rich), about 25 MiB and 0.6 s that every operator process would carry unused.
+    Falls back to the package where the evaluator is not a file beside it."""
+    spec = importlib.util.find_spec("cel")  # finds the package without running it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = Path(folder) / f"cel{suffix}"
+            if path.is_file():
+                loader = importlib.machinery.ExtensionFileLoader("cel.cel", str(path))
+                found = importlib.util.spec_from_file_location("cel.cel", path, loader=loader)
+                if found is None:
+                    continue
+                module = importlib.util.module_from_spec(found)
+                loader.exec_module(module)
+                sys.modules["cel.cel"] = module  # the package, if anyone imports it, reuses it
+                return module
+    return importlib.import_module("cel")
+
+
+if TYPE_CHECKING:
+    import cel
+else:
+    cel = sys.modules.get("cel.cel") or _cel_evaluator()
 
 _QUANTITY_TAG = "__quantity__"
 _SEMVER_TAG = "__semver__"
