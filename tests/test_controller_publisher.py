@@ -11,8 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from tessera.controller.handlers import slice_stub
-from tessera.controller.publisher import SlicePublisher
+from tessera.controller.publisher import SlicePublisher, slice_stub
 from tessera.dra.devices import DRAIN_TAINT_KEY, GpuDevices, build_gpu_devices, with_drain_taints
 from tessera.kube.http import ApiError
 from tessera.kube.objects import Api
@@ -26,10 +25,10 @@ class FakeSliceApi:
     """The slice calls of :class:`Api`, storing what it is sent the way the apiserver does
     (uid and resourceVersion added); ``conflict_on_create`` answers the next create 409."""
 
-    def __init__(self, nodes: set[str] | None = None) -> None:
+    def __init__(self) -> None:
         self.stored: dict[str, dict[str, Any]] = {}
-        self.nodes = nodes if nodes is not None else {NODE}
         self.conflict_on_create = False
+        self.fail_replace: set[str] = set()  # slice names whose next replace fails with a 500
         self.deleted: list[str] = []
 
     def _store(self, body: dict[str, Any], uid: str | None = None) -> dict[str, Any]:
@@ -39,12 +38,10 @@ class FakeSliceApi:
         self.stored[stored["metadata"]["name"]] = stored
         return copy.deepcopy(stored)
 
-    async def list_slices(self, label_selector: str) -> list[dict[str, Any]]:
+    async def list_slices(self, label_selector: str, node: str | None = None) -> list[dict[str, Any]]:
         assert label_selector == "app.kubernetes.io/managed-by=tessera"
-        return [copy.deepcopy(s) for _, s in sorted(self.stored.items())]
-
-    async def list_node_names(self) -> set[str]:
-        return set(self.nodes)
+        return [copy.deepcopy(s) for _, s in sorted(self.stored.items())
+                if node is None or s["spec"]["nodeName"] == node]
 
     async def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.conflict_on_create or body["metadata"]["name"] in self.stored:
@@ -53,6 +50,9 @@ class FakeSliceApi:
         return self._store(body)
 
     async def replace_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        if body["metadata"]["name"] in self.fail_replace:
+            self.fail_replace.discard(body["metadata"]["name"])
+            raise ApiError(500, "InternalError", body["metadata"]["name"])
         old = self.stored.get(body["metadata"]["name"])
         if old is None:
             raise ApiError(404, "NotFound", body["metadata"]["name"])
@@ -65,12 +65,12 @@ class FakeSliceApi:
             del self.stored[name]
             self.deleted.append(name)
 
-    def put(self, name: str, pool: str) -> dict[str, Any]:
-        """A slice of ours written behind the publisher's back (an earlier operator's)."""
+    def put(self, name: str, pool: str, driver: str = "gpu.tessera.dev") -> dict[str, Any]:
+        """A slice with our label written behind the publisher's back (an earlier operator's)."""
         return self._store({
             "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "tessera"}},
-            "spec": {"driver": "gpu.tessera.dev", "nodeName": pool, "pool": {"name": pool, "generation": 1,
-                                                                              "resourceSliceCount": 1}},
+            "spec": {"driver": driver, "nodeName": pool, "pool": {"name": pool, "generation": 1,
+                                                                  "resourceSliceCount": 1}},
         })
 
 
@@ -101,7 +101,7 @@ async def test_first_publish_creates_each_gpus_slice_and_publishing_again_writes
     await pub.publish(NODE, NODE_UID, two_gpus())
     assert writes.made == ["resourceslice/create", "resourceslice/create"]
     assert sorted(api.stored) == [f"{NODE}-tessera-gpu-0", f"{NODE}-tessera-gpu-1"]
-    assert [s["metadata"]["resourceVersion"] for s in pub.slices[NODE]] == [
+    assert [s["metadata"]["resourceVersion"] for s in pub.bodies(NODE)] == [
         api.stored[n]["metadata"]["resourceVersion"] for n in sorted(api.stored)
     ], "the cache holds the slices as the API returned them"
 
@@ -133,7 +133,7 @@ async def test_publishing_no_devices_deletes_every_slice_of_the_node() -> None:
 
     assert api.stored == {}
     assert writes.made[2:] == ["resourceslice/delete", "resourceslice/delete"]
-    assert pub.slices[NODE] == []
+    assert pub.slices[NODE] == {}
 
 
 async def test_a_conflicting_create_reads_the_pool_again_and_raises_so_the_next_publish_plans_from_the_truth() -> None:
@@ -143,7 +143,7 @@ async def test_a_conflicting_create_reads_the_pool_again_and_raises_so_the_next_
 
     with pytest.raises(ApiError):
         await pub.publish(NODE, NODE_UID, two_gpus())
-    assert f"{NODE}-tessera-gpu-0" in {s["metadata"]["name"] for s in pub.slices[NODE]}
+    assert f"{NODE}-tessera-gpu-0" in pub.slices[NODE]
 
     await pub.publish(NODE, NODE_UID, two_gpus())
     assert api.stored[f"{NODE}-tessera-gpu-0"]["metadata"]["uid"] == theirs["metadata"]["uid"], "replaced, not re-made"
@@ -160,23 +160,74 @@ async def test_a_stale_update_reads_the_pool_again_and_raises() -> None:
     with pytest.raises(ApiError):
         await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
 
-    cached = {s["metadata"]["name"]: s for s in pub.slices[NODE]}
-    assert cached[f"{NODE}-tessera-gpu-0"]["metadata"]["resourceVersion"] == "999"
+    assert pub.slices[NODE][f"{NODE}-tessera-gpu-0"].resource_version == "999"
 
 
 async def test_loading_then_removing_orphans_deletes_only_slices_whose_node_is_gone() -> None:
-    api = FakeSliceApi(nodes={NODE})
+    api = FakeSliceApi()
     api.put(f"{NODE}-tessera-gpu-0", NODE)
     api.put("gone-node-tessera-gpu-0", "gone-node")
+    api.put("gone-node-other-driver", "gone-node", driver="other.example.com")  # labelled ours, but not
     pub, writes = publisher(api)
 
     await pub.load()
     assert set(pub.slices) == {NODE, "gone-node"}
-    await pub.remove_orphans()
+    assert list(pub.slices["gone-node"]) == ["gone-node-tessera-gpu-0"], "another driver's slice is not ours"
+    await pub.remove_orphans({NODE})
 
     assert api.deleted == ["gone-node-tessera-gpu-0"]
     assert writes.made == ["resourceslice/delete"]
     assert set(pub.slices) == {NODE}
+
+
+async def test_after_a_restart_the_same_devices_are_compared_once_and_then_known_to_match() -> None:
+    api = FakeSliceApi()
+    first, _ = publisher(api)
+    await first.publish(NODE, NODE_UID, two_gpus())
+    restarted, writes = publisher(api)
+    await restarted.load()
+    assert all(entry.matches is None for entry in restarted.slices[NODE].values()), "loaded: nothing known yet"
+
+    await restarted.publish(NODE, NODE_UID, two_gpus())
+
+    assert writes.made == [], "what the API holds is what would be written"
+    assert all(entry.matches is not None for entry in restarted.slices[NODE].values())
+    await restarted.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+    assert writes.made == ["resourceslice/update"], "a remembered match does not hide a change"
+
+
+async def test_someone_elses_change_is_compared_in_full_again() -> None:
+    api = FakeSliceApi()
+    pub, writes = publisher(api)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    theirs = copy.deepcopy(api.stored[f"{NODE}-tessera-gpu-1"])
+    theirs["spec"]["devices"] = theirs["spec"]["devices"][:1]  # a device removed behind our back
+    api.stored[theirs["metadata"]["name"]] = api._store(theirs, theirs["metadata"]["uid"])
+    assert pub.seen("MODIFIED", api.stored[theirs["metadata"]["name"]])
+
+    await pub.publish(NODE, NODE_UID, two_gpus())
+
+    assert writes.made[2:] == ["resourceslice/update"]
+    assert len(api.stored[f"{NODE}-tessera-gpu-1"]["spec"]["devices"]) == len(two_gpus()[1].devices)
+
+
+async def test_a_pool_left_with_mixed_generations_is_written_again_though_every_slice_matches() -> None:
+    api = FakeSliceApi()
+    pub, writes = publisher(api)
+    three = [*two_gpus(), build_gpu_devices(gpu(2))]
+    await pub.publish(NODE, NODE_UID, three)
+    changed = [with_drain_taints(g, {d["name"] for d in g.devices}) if g.gpu_index < 2 else g for g in three]
+    api.fail_replace = {f"{NODE}-tessera-gpu-2"}  # the new generation's last write fails
+
+    with pytest.raises(ApiError):
+        await pub.publish(NODE, NODE_UID, changed)
+    generations = {s["spec"]["pool"]["generation"] for s in api.stored.values()}
+    assert len(generations) == 2, "gpu-2 holds what it should, but at the old generation"
+
+    await pub.publish(NODE, NODE_UID, changed)
+
+    assert writes.made[-3:] == ["resourceslice/update"] * 3
+    assert len({s["spec"]["pool"]["generation"] for s in api.stored.values()}) == 1
 
 
 async def test_forgetting_a_pool_deletes_its_slices_and_its_cache() -> None:
@@ -203,8 +254,7 @@ async def test_the_echo_of_our_own_write_is_no_change_and_someone_elses_is() -> 
     theirs["metadata"]["resourceVersion"] = "5000"
     theirs["spec"]["devices"] = []
     assert pub.seen("MODIFIED", theirs)
-    cached = {s["metadata"]["name"]: s for s in pub.slices[NODE]}
-    assert cached[f"{NODE}-tessera-gpu-0"]["spec"]["devices"] == []
+    assert pub.slices[NODE][f"{NODE}-tessera-gpu-0"].body()["spec"]["devices"] == []
 
 
 async def test_a_deletion_counts_once_and_only_for_a_slice_the_cache_holds() -> None:
@@ -214,5 +264,5 @@ async def test_a_deletion_counts_once_and_only_for_a_slice_the_cache_holds() -> 
     body = api.stored[f"{NODE}-tessera-gpu-1"]
 
     assert pub.seen("DELETED", slice_stub(body))  # all a relist keeps of a slice that went
-    assert [s["metadata"]["name"] for s in pub.slices[NODE]] == [f"{NODE}-tessera-gpu-0"]
+    assert list(pub.slices[NODE]) == [f"{NODE}-tessera-gpu-0"]
     assert not pub.seen("DELETED", slice_stub(body)), "already gone from the cache"

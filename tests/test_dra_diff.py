@@ -6,7 +6,7 @@ import copy
 import itertools
 from typing import Any
 
-from tessera.dra.diff import SlicePlan, SliceRef, carry_taint_times, orphaned_slices, plan_slice_writes, slice_differs
+from tessera.dra.diff import SlicePlan, SliceRef, carry_taint_times, plan_slice_writes, slice_differs
 from tessera.dra.limits import validate_pool
 from tessera.dra.slices import NodeRef, build_node_slices
 from tessera.models.layout import GpuStatus, Health
@@ -239,14 +239,6 @@ def test_no_gpus_left_deletes_the_whole_pool() -> None:
 def test_carry_taint_times_without_an_existing_slice_changes_nothing() -> None:
     desired = build_node_slices(NODE, [gpu(0, health=Health.LOST)])[0]
     assert carry_taint_times(desired, None) == desired
-
-
-def test_orphaned_slices_are_ours_on_nodes_that_are_gone() -> None:
-    mine = build_node_slices(NodeRef("gone", NODE_UID), [gpu(0)]) + build_node_slices(NODE, [gpu(0)])
-    foreign = copy.deepcopy(build_node_slices(NodeRef("gone-too", NODE_UID), [gpu(0)]))
-    foreign[0]["metadata"]["labels"] = {}
-    orphans = orphaned_slices(mine + foreign, nodes={"gpu-node-1"})
-    assert [o.name for o in orphans] == ["gone-tessera-gpu-0"]
 
 
 def test_a_long_series_of_changes_never_leaves_a_mixed_or_miscounted_pool() -> None:

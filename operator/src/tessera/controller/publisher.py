@@ -1,11 +1,19 @@
 """The one owner of Tessera's ResourceSlices: each node's devices in, the fewest writes out.
 
 Like the upstream resourceslice controller, it keeps a cache of our slices per pool (one
-pool per node) as the API returned them, plans against it (``tessera.dra.diff``), and applies
-the watch's events to it: a change someone else made (the kubelet wipes a driver's slices when
-its plugin goes away; a person deletes one) makes the pool be planned again from the truth;
-the echo of our own writes changes nothing. At start it loads every slice of ours and deletes
-those whose node has gone.
+pool per node), plans against it (``tessera.dra.diff``), and applies the watch's events to
+it: a change someone else made (the kubelet wipes a driver's slices when its plugin goes
+away; a person deletes one) makes the pool be planned again from the truth; the echo of our
+own writes changes nothing. The cache is filled by the slice watch's first list; at start,
+slices whose node has gone are deleted.
+
+The cache is kept small and a publish that changes nothing cheap, because a fleet holds
+thousands of slices and every reconcile publishes:
+- each slice is kept as compact JSON without ``managedFields`` (parsed, a slice costs about
+  ten times its JSON), and parsed only when a plan needs it;
+- each slice remembers the digest of the built slice it is known to match (the one we wrote
+  at that resourceVersion, or one a full comparison found equal), so publishing the same
+  devices again is a digest per slice instead of a comparison of every field.
 
 Not for: deciding what a node publishes or when drain taints go on (``decide``, ``runtime``),
 building devices or slices (``tessera.dra``), or the watch itself (``tessera.kube.watch``).
@@ -13,16 +21,20 @@ building devices or slices (``tessera.dra``), or the watch itself (``tessera.kub
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from tessera.dra.devices import GpuDevices
-from tessera.dra.diff import orphaned_slices, plan_slice_writes
-from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, build_slices_from_devices
+from tessera.dra.devices import DRIVER, GpuDevices
+from tessera.dra.diff import plan_slice_writes
+from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, ResourceSlice, build_slices_from_devices
 from tessera.kube.http import ApiError
 from tessera.kube.objects import Api
+from tessera.kube.watch import metadata_stub
 
 log = structlog.get_logger("tessera.operator")
 
@@ -41,8 +53,49 @@ def slice_pool(body: Mapping[str, Any]) -> str:
     return str((body.get("spec") or {}).get("pool", {}).get("name", ""))
 
 
-def _by_name(slices: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(slices, key=lambda s: str(s["metadata"]["name"]))
+def slice_stub(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What a slice's deletion must still say after a relist: who it was, and its pool."""
+    return {**metadata_stub(body), "spec": {"pool": {"name": slice_pool(body)}}}
+
+
+def _digest(built: ResourceSlice) -> bytes:
+    """A built slice's fingerprint (builds are deterministic: equal input, equal JSON)."""
+    return hashlib.blake2b(json.dumps(built, separators=(",", ":")).encode(), digest_size=16).digest()
+
+
+@dataclass(slots=True)
+class CachedSlice:
+    """One of our slices as the API last showed it."""
+
+    name: str
+    uid: str | None
+    resource_version: str | None
+    generation: int
+    raw: str  # the body, without managedFields, as compact JSON
+    matches: bytes | None = None  # digest of the built slice this version is known to equal
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any], matches: bytes | None = None) -> CachedSlice:
+        meta = body.get("metadata") or {}
+        kept = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        generation = int(((body.get("spec") or {}).get("pool") or {}).get("generation", 0))
+        return cls(str(meta["name"]), meta.get("uid"), meta.get("resourceVersion"), generation,
+                   json.dumps(kept, separators=(",", ":")), matches)
+
+    def body(self) -> ResourceSlice:
+        parsed: ResourceSlice = json.loads(self.raw)
+        return parsed
+
+
+def _unchanged(cached: Mapping[str, CachedSlice], digests: Mapping[str, bytes]) -> bool:
+    """Whether the pool is known to hold exactly the built slices: the same names, each
+    matching its built slice, all of one generation (a pool of mixed generations must be
+    written whole again, whatever the slices hold)."""
+    return (
+        cached.keys() == digests.keys()
+        and all(entry.matches == digests[name] for name, entry in cached.items())
+        and len({entry.generation for entry in cached.values()}) <= 1
+    )
 
 
 class SlicePublisher:
@@ -51,85 +104,92 @@ class SlicePublisher:
     def __init__(self, api: Api, write: Writer = _unmetered) -> None:
         self.api = api
         self._write = write
-        self.slices: dict[str, list[dict[str, Any]]] = {}  # pool -> our slices as the API returned them
+        self.slices: dict[str, dict[str, CachedSlice]] = {}  # pool -> slice name -> what the API holds
+
+    def bodies(self, pool: str) -> list[ResourceSlice]:
+        """The cached slices of ``pool``, parsed, by name."""
+        return [entry.body() for _, entry in sorted(self.slices.get(pool, {}).items())]
 
     async def load(self) -> None:
-        """Read every slice of ours into the cache."""
+        """Read every slice of ours into the cache (the operator fills it from the slice
+        watch's first list instead)."""
         for item in await self.api.list_slices(OURS):
-            self.slices.setdefault(slice_pool(item), []).append(item)
+            self.seen("ADDED", item)
 
-    async def remove_orphans(self) -> None:
-        """Delete our slices whose node no longer exists (the node went while we were away)."""
-        nodes = await self.api.list_node_names()
-        everything = [s for pool in self.slices.values() for s in pool]
-        for ref in orphaned_slices(everything, nodes):
-            await self._write("resourceslice/delete", self.api.delete_slice(ref.name, ref.uid))
-            log.info("deleted orphaned ResourceSlice", slice=ref.name)
-        for pool in [p for p in self.slices if p not in nodes]:
-            del self.slices[pool]
+    async def remove_orphans(self, nodes: Collection[str]) -> None:
+        """Delete our slices whose node is not among ``nodes`` (it went while we were away)."""
+        for pool in sorted(p for p in self.slices if p not in nodes):
+            await self.forget(pool)
 
-    def seen(self, event_type: str, body: dict[str, Any]) -> bool:
+    def seen(self, event_type: str, body: Mapping[str, Any]) -> bool:
         """Apply a watch event for one of our slices to the cache; True when it was someone
         else's change (its pool must be planned again), False for the echo of our own write."""
+        spec = body.get("spec") or {}
+        if event_type != "DELETED" and spec.get("driver") != DRIVER:
+            return False  # labelled as ours, but another driver's: not ours to keep or change
         pool = slice_pool(body)
         name = str(body["metadata"]["name"])
-        cached = {str(s["metadata"]["name"]): s for s in self.slices.get(pool, [])}
-        known = cached.get(name)
+        cached = self.slices.get(pool)
+        known = cached.get(name) if cached is not None else None
         if event_type == "DELETED":
-            if known is None:
+            if cached is None or known is None:
                 return False
             del cached[name]
-        else:
-            version = body["metadata"].get("resourceVersion")
-            if known is not None and known["metadata"].get("resourceVersion") == version:
-                return False
-            cached[name] = body
-        self.slices[pool] = _by_name(cached.values())
+            return True
+        if known is not None and known.resource_version == body["metadata"].get("resourceVersion"):
+            return False
+        self.slices.setdefault(pool, {})[name] = CachedSlice.of(body)
         return True
 
     async def relist(self, pool: str) -> None:
         """Replace the cache of ``pool`` with what the API holds now."""
-        items = await self.api.list_slices(OURS)
-        self.slices[pool] = [s for s in items if slice_pool(s) == pool]
+        items = await self.api.list_slices(OURS, node=pool)
+        self.slices[pool] = {}
+        for item in items:
+            if slice_pool(item) == pool:
+                self.seen("ADDED", item)
 
     async def forget(self, pool: str) -> None:
         """Delete every slice of ``pool`` (its node is gone; the Node owns them too, so this is
         belt and braces) and drop it from the cache."""
-        for item in self.slices.pop(pool, []):
-            meta = item["metadata"]
-            await self._write("resourceslice/delete", self.api.delete_slice(meta["name"], meta.get("uid")))
+        for entry in self.slices.pop(pool, {}).values():
+            await self._write("resourceslice/delete", self.api.delete_slice(entry.name, entry.uid))
+            log.info("deleted the ResourceSlice of a node that is gone", slice=entry.name)
 
     async def publish(self, node: str, uid: str, devices: Iterable[GpuDevices]) -> None:
         """Make ``node``'s slices publish exactly ``devices`` (each GPU's, taints and all) with
         the fewest writes. A conflict (someone else wrote) re-reads the pool and raises, so the
         caller plans again from the truth."""
         desired = build_slices_from_devices(NodeRef(node, uid), devices)
-        existing = self.slices.get(node, [])
-        plan = plan_slice_writes(node, desired, existing)
-        if plan.empty:
+        digests = {str(s["metadata"]["name"]): _digest(s) for s in desired}
+        cached = self.slices.setdefault(node, {})
+        if _unchanged(cached, digests):
             return
-        current = {s["metadata"]["name"]: s for s in existing}
+        plan = plan_slice_writes(node, desired, [entry.body() for entry in cached.values()])
+        if plan.empty:  # equal in everything we manage: remember it, and the next time is cheap
+            for name, entry in cached.items():
+                entry.matches = digests.get(name)
+            return
         for ref in plan.deletes:
             await self._write("resourceslice/delete", self.api.delete_slice(ref.name, ref.uid))
-            current.pop(ref.name, None)
+            cached.pop(ref.name, None)
         for body in plan.updates:
+            name = str(body["metadata"]["name"])
             try:
-                current[body["metadata"]["name"]] = await self._write(
-                    "resourceslice/update", self.api.replace_slice(body)
-                )
+                written = await self._write("resourceslice/update", self.api.replace_slice(body))
             except ApiError as exc:
                 if exc.status in (404, 409):
                     await self.relist(node)
                 raise
+            cached[name] = CachedSlice.of(written, digests[name])
         for body in plan.creates:
+            name = str(body["metadata"]["name"])
             try:
-                current[body["metadata"]["name"]] = await self._write(
-                    "resourceslice/create", self.api.create_slice(body)
-                )
+                written = await self._write("resourceslice/create", self.api.create_slice(body))
             except ApiError as exc:
                 if exc.status == 409:
                     await self.relist(node)
                 raise
-        self.slices[node] = _by_name(current.values())
+            cached[name] = CachedSlice.of(written, digests[name])
         log.info("published ResourceSlices", node=node, generation=plan.generation, created=len(plan.creates),
                  updated=len(plan.updates), deleted=len(plan.deletes))

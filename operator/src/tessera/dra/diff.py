@@ -25,14 +25,13 @@ Not for: building slices (``tessera.dra.slices``) or calling the API (the contro
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from tessera.dra.devices import DRIVER
-from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, ResourceSlice
+from tessera.dra.slices import ResourceSlice
 from tessera.models.quantity import quantity_value
 
 _QUANTITY_KEYS = frozenset({"value", "default", "min", "max", "step"})
@@ -106,13 +105,23 @@ def _existing_taint_times(existing: ResourceSlice) -> dict[tuple[str, str, str, 
 
 def carry_taint_times(desired: ResourceSlice, existing: ResourceSlice | None) -> ResourceSlice:
     """``desired`` with the ``timeAdded`` of every taint that already exists on the same
-    device (same key, value, effect), so a taint keeps the time it was first added."""
-    out = copy.deepcopy(desired)
+    device (same key, value, effect), so a taint keeps the time it was first added. The
+    result has metadata of its own (callers add to it); devices it leaves alone are shared."""
+    out = {**desired, "metadata": dict(desired["metadata"])}
     times = _existing_taint_times(existing) if existing else {}
-    for device in out.get("spec", {}).get("devices") or []:
-        for taint in device.get("taints") or []:
-            if "timeAdded" not in taint and (t := times.get(_taint_key(device["name"], taint))):
-                taint["timeAdded"] = t
+    if not times:
+        return out
+    devices = []
+    for device in desired.get("spec", {}).get("devices") or []:
+        taints = device.get("taints") or []
+        if any("timeAdded" not in t and _taint_key(device["name"], t) in times for t in taints):
+            device = {**device, "taints": [
+                {**t, "timeAdded": times[k]} if "timeAdded" not in t and (k := _taint_key(device["name"], t)) in times
+                else t
+                for t in taints
+            ]}
+        devices.append(device)
+    out["spec"] = {**desired["spec"], "devices": devices}
     return out
 
 
@@ -205,16 +214,3 @@ def plan_slice_writes(pool: str, desired: Sequence[ResourceSlice], existing: Seq
 
 def _by_name(slices: Sequence[ResourceSlice]) -> dict[str, ResourceSlice]:
     return {str(s["metadata"]["name"]): s for s in slices}
-
-
-def orphaned_slices(existing: Sequence[ResourceSlice], nodes: Collection[str], driver: str = DRIVER) -> list[SliceRef]:
-    """Slices of ``driver`` whose node is not among ``nodes`` (garbage collection should take
-    them with their Node; this finds the ones it did not, e.g. written before owner refs)."""
-    live = set(nodes)
-    return [
-        SliceRef.of(s)
-        for s in sorted(existing, key=lambda s: str(s["metadata"]["name"]))
-        if s.get("spec", {}).get("driver") == driver
-        and (s["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
-        and s.get("spec", {}).get("nodeName") not in live
-    ]

@@ -36,19 +36,19 @@ class Api:
 
     # -- lists -----------------------------------------------------------------------------
 
-    async def list_all(self, group: str, version: str, plural: str, label_selector: str = "") -> list[dict[str, Any]]:
+    async def list_all(self, group: str, version: str, plural: str, label_selector: str = "",
+                       field_selector: str = "") -> list[dict[str, Any]]:
         """Every object of a (cluster-wide) resource, page by page, as plain dicts that name
         their ``apiVersion`` and ``kind``."""
-        return await self.client.list(resource_path(group, version, plural), label_selector=label_selector or None)
+        return await self.client.list(resource_path(group, version, plural), label_selector=label_selector or None,
+                                      field_selector=field_selector or None)
 
-    async def list_slices(self, label_selector: str) -> list[dict[str, Any]]:
-        return await self.list_all(*SLICES, label_selector)
+    async def list_slices(self, label_selector: str, node: str | None = None) -> list[dict[str, Any]]:
+        """ResourceSlices by label; with ``node``, only that node's (``spec.nodeName``)."""
+        return await self.list_all(*SLICES, label_selector, f"spec.nodeName={node}" if node else "")
 
     async def list_nodes(self) -> list[dict[str, Any]]:
         return await self.list_all(*NODES)
-
-    async def list_node_names(self) -> set[str]:
-        return {str(n["metadata"]["name"]) for n in await self.list_all(*NODES)}
 
     # -- ResourceSlices --------------------------------------------------------------------
 
