@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from tessera.controller.handlers import slice_stub
+from tessera.controller.publisher import slice_stub
 from tessera.controller.runtime import Controller
 from tessera.kube.objects import Api
 from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
@@ -92,19 +92,19 @@ def test_a_slice_deletion_found_by_a_relist_still_names_its_node() -> None:
     controller.node_seen("ADDED", node_body())
     body = slice_body(NODE)
     controller.slice_seen("ADDED", body)
-    assert [s["metadata"]["name"] for s in controller.publisher.slices[NODE]] == [f"{NODE}-tessera-gpu-0"]
+    assert list(controller.publisher.slices[NODE]) == [f"{NODE}-tessera-gpu-0"]
 
     controller.slice_seen("DELETED", slice_stub(body))  # all a relist keeps of a slice that went
 
-    assert controller.publisher.slices[NODE] == []
+    assert controller.publisher.slices[NODE] == {}
     assert controller.enqueued == [NODE, NODE, NODE]
 
 
-def test_a_slice_event_of_a_node_the_operator_does_not_know_is_ignored() -> None:
+def test_a_slice_of_a_node_the_operator_does_not_know_is_kept_but_enqueues_nothing() -> None:
     controller = RecordingController()
     controller.slice_seen("ADDED", slice_body("node-unknown"))
     assert controller.enqueued == []
-    assert controller.publisher.slices == {}
+    assert list(controller.publisher.slices) == ["node-unknown"], "kept: at start, it is an orphan to delete"
 
 
 def test_the_echo_of_a_slice_the_controller_wrote_enqueues_nothing() -> None:
@@ -120,5 +120,6 @@ def slice_body(pool: str) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": f"{pool}-tessera-gpu-0", "uid": "u1", "resourceVersion": "5"},
-        "spec": {"pool": {"name": pool, "generation": 1, "resourceSliceCount": 1}, "devices": [{"name": "gpu-0"}]},
+        "spec": {"driver": "gpu.tessera.dev", "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-0"}]},
     }

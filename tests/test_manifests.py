@@ -256,12 +256,12 @@ OPERATOR_RESOURCES = {
     ("tessera.dev", "sharingpolicies/status"): [
         ("kube/objects.py", '"sharingpolicies"'), ("kube/objects.py", 'subresource="status"')],
     ("tessera.dev", "nodelayouts"): [
-        ("kube/objects.py", "resource_path(*LAYOUTS, name)"), ("controller/handlers.py", "*LAYOUTS")],
-    ("", "nodes"): [("kube/objects.py", 'NODES = ("", "v1", "nodes")'), ("controller/handlers.py", "*NODES")],
+        ("kube/objects.py", "resource_path(*LAYOUTS, name)"), ("controller/runtime.py", "*LAYOUTS")],
+    ("", "nodes"): [("kube/objects.py", 'NODES = ("", "v1", "nodes")'), ("controller/runtime.py", "*NODES")],
     ("resource.k8s.io", "resourceclaims"): [
         ("kube/objects.py", '"resourceclaims"'), ("controller/handlers.py", "CLAIMS")],
     ("resource.k8s.io", "resourceslices"): [
-        ("kube/objects.py", '"resourceslices"'), ("controller/handlers.py", "SLICES")],
+        ("kube/objects.py", '"resourceslices"'), ("controller/runtime.py", "*SLICES")],
     ("", "pods/eviction"): [("kube/objects.py", 'subresource="eviction"')],
     ("", "events"): [("kube/objects.py", 'resource_path("", "v1", "events"'), (KOPF_EVENTS, "get_default_namespace")],
     ("apiextensions.k8s.io", "customresourcedefinitions"): [(KOPF_OBSERVER, "references.CRDS")],

@@ -26,6 +26,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"{text} workers is out of range: give 1 to 256")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     env = os.environ.get
     parser.add_argument("--kubeconfig", default=env("KUBECONFIG"), help="default: $KUBECONFIG, else in-cluster")
@@ -36,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handover-grace", type=_seconds, default=_seconds(env("TESSERA_HANDOVER_GRACE", "1")),
                         help="seconds between tainting devices that will change and re-reading the claims "
                         "(scheduling cycles under way finish first); default 1")
+    parser.add_argument("--workers", type=_workers, default=_workers(env("TESSERA_WORKERS", "8")),
+                        help="nodes reconciled at once (a reconcile mostly waits on the API); default 8")
     parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "info"))
     parser.add_argument("--log-json", action="store_true", default=env("TESSERA_LOG_JSON") == "1",
                         help="JSON logs even on a terminal")
@@ -46,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     os.environ["TESSERA_HANDOVER_GRACE"] = str(args.handover_grace)  # read by the startup handler
+    os.environ["TESSERA_WORKERS"] = str(args.workers)
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0")  # scraped from the pod network
     from tessera.controller.handlers import registry  # imports kopf handlers only when running

@@ -1,13 +1,12 @@
-"""Kopf handlers, and the watches beside them: thin adapters from watch events to the
-:class:`Controller`.
+"""Kopf handlers: thin adapters from watch events to the :class:`Controller`.
 
 SharingPolicies get Kopf create/update/resume/delete handlers (Kopf keeps its small bookkeeping
 in ``tessera.dev/`` annotations, never in our structural status); ResourceClaims a plain Kopf
 event handler, which stores nothing on them (claims are not ours to annotate). The high-volume
-kinds — Nodes, NodeLayouts (large) and our ResourceSlices — skip Kopf: ``tessera.kube.watch``
-loops, started by the one startup handler and stopped by cleanup, hand each event on as the
-API sent it, with no per-event deep copy or per-object bookkeeping. Settings live in the
-startup handler.
+kinds — Nodes, NodeLayouts (large) and our ResourceSlices — skip Kopf: the Controller's own
+``tessera.kube.watch`` loops hand each event on as the API sent it, with no per-event deep
+copy or per-object bookkeeping. The startup handler holds the settings and starts the
+Controller; cleanup stops it.
 Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
 """
 
@@ -16,17 +15,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from tessera import API_GROUP
-from tessera.controller.publisher import OURS, slice_pool
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, Controller
 from tessera.kube.http import KubeClient
-from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
-from tessera.kube.watch import ListWatch, metadata_stub
+from tessera.kube.objects import CLAIMS, POLICIES, Api
 
 registry = kopf.OperatorRegistry()
 
@@ -34,11 +30,6 @@ registry = kopf.OperatorRegistry()
 def _controller(memo: Any) -> Controller:
     controller: Controller = memo.controller
     return controller
-
-
-def slice_stub(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What a slice's deletion must still say after a relist: its pool (its node)."""
-    return {**metadata_stub(body), "spec": {"pool": {"name": slice_pool(body)}}}
 
 
 @kopf.on.login(registry=registry)
@@ -65,23 +56,14 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
     # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
     memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))
-    controller = Controller(Api(client), handover_grace=grace)
+    workers = int(os.environ.get("TESSERA_WORKERS", "8"))
+    controller = Controller(Api(client), workers=workers, handover_grace=grace)
     memo.controller = controller
     await controller.start()
-    memo.watches = [
-        ListWatch(client, *NODES, controller.node_seen),
-        ListWatch(client, *LAYOUTS, controller.layout_seen),
-        ListWatch(client, *SLICES, controller.slice_seen, label_selector=OURS,
-                  stub=slice_stub),
-    ]
-    for watch in memo.watches:
-        watch.start()
 
 
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: Any, **_: Any) -> None:
-    for watch in getattr(memo, "watches", []):
-        await watch.stop()
     if getattr(memo, "controller", None) is not None:
         await _controller(memo).stop()
     if getattr(memo, "client", None) is not None:

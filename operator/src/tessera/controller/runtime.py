@@ -35,10 +35,11 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
 from tessera.controller.policystatus import policy_status, tally, transitions
-from tessera.controller.publisher import SlicePublisher, slice_pool
+from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice_stub
 from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
 from tessera.kube.http import ApiError
-from tessera.kube.objects import CLAIMS, LAYOUTS, POLICIES, Api
+from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
+from tessera.kube.watch import ListWatch
 from tessera.models.layout import NodeLayout
 from tessera.models.policy import SharingPolicyStatus
 
@@ -121,6 +122,7 @@ class Controller:
         self._swept = asyncio.Event()
         self._status_dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._watches: list[ListWatch] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.ready = asyncio.Event()
 
@@ -157,13 +159,36 @@ class Controller:
         self._timers[node] = loop.call_later(delay, self.enqueue, node)
 
     async def start(self) -> None:
-        await self.prime()
-        await self.publisher.load()
-        await self.publisher.remove_orphans()
+        """Read the cluster, then start deciding.
+
+        Deciding on a partial view would be wrong in the worst way: without the policies a
+        restart would rewrite every node to Exclusive, and without the claims it would hand
+        over layouts that remove allocated partitions. So every policy and claim is read
+        first, and the watches of our slices, the Nodes and the NodeLayouts (which keep the
+        view fresh from then on) have each passed on their first list before the first
+        reconcile. Their first list is the read: nothing is listed twice, and nothing is
+        reconciled twice for it. Slices whose node has gone are deleted."""
+        for body in await self.api.list_all(*POLICIES):
+            self.fleet.set_policy(body)
+        for body in await self.api.list_all(*CLAIMS):
+            self.fleet.set_claim(body)
+        client = self.api.client
+        self._watches = [
+            ListWatch(client, *SLICES, self.slice_seen, label_selector=OURS, stub=slice_stub),
+            ListWatch(client, *NODES, self.node_seen),
+            ListWatch(client, *LAYOUTS, self.layout_seen),
+        ]
+        for watch in self._watches:  # in this order: the slices are known before the nodes are
+            watch.start()
+            await watch.listed.wait()
+        await self.publisher.remove_orphans(self.fleet.nodes)
+        log.info("read the cluster", policies=len(self.fleet.policies), nodes=len(self.fleet.nodes),
+                 gpu_nodes=len(self.fleet.gpu_nodes()), claims=len(self.fleet.claims))
         # A status pass on a half-swept fleet would count half the GPUs and write that.
         self._unswept = set(self.fleet.nodes)
         if not self._unswept:
             self._swept.set()
+        self.enqueue_all()
         self._tasks = [
             *(asyncio.create_task(self._work(), name=f"tessera-reconcile-{i}") for i in range(self.workers)),
             asyncio.create_task(self._write_statuses(), name="tessera-policy-status"),
@@ -171,6 +196,8 @@ class Controller:
         self.ready.set()
 
     async def stop(self) -> None:
+        for watch in self._watches:
+            await watch.stop()
         for timer in self._timers.values():
             timer.cancel()
         for task in self._tasks:
@@ -178,24 +205,6 @@ class Controller:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-
-    async def prime(self) -> None:
-        """Read every policy, node, NodeLayout and claim before the first decision.
-
-        Deciding on a partial view would be wrong in the worst way: without the policies a
-        restart would rewrite every node to Exclusive, and without the claims it would hand
-        over layouts that remove allocated partitions. Watch events keep the view fresh later."""
-        for body in await self.api.list_all(*POLICIES):
-            self.fleet.set_policy(body)
-        for body in await self.api.list_nodes():
-            self.fleet.set_node(body)
-        for body in await self.api.list_all(*LAYOUTS):
-            self.fleet.set_layout(body)
-        for body in await self.api.list_all(*CLAIMS):
-            self.fleet.set_claim(body)
-        self.enqueue_all()
-        log.info("read the cluster", policies=len(self.fleet.policies), nodes=len(self.fleet.nodes),
-                 gpu_nodes=len(self.fleet.gpu_nodes()), claims=len(self.fleet.claims))
 
     async def _write(self, what: str, call: Awaitable[Any]) -> Any:
         API_WRITES.labels(what).inc()
@@ -433,8 +442,7 @@ class Controller:
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:
         """A watch event for one of our slices: someone else's change to a node's slices (see
         :meth:`SlicePublisher.seen`) has them planned again; our own writes change nothing."""
-        pool = slice_pool(body)
-        if pool and pool in self.fleet.nodes and self.publisher.seen(event_type, body):
+        if self.publisher.seen(event_type, body) and (pool := slice_pool(body)) in self.fleet.nodes:
             self.enqueue(pool)
 
     async def _forget(self, node: str) -> None:

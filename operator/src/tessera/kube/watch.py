@@ -3,12 +3,13 @@ event goes straight to a callback as the plain dict the API sent (no copies, not
 the objects, no per-object bookkeeping but a small stub of each object seen).
 
 ``ListWatch`` lists (page by page), tells the callback what is new or changed since it last
-looked, and what is gone (``DELETED`` with the stub it kept), then watches from the list's
-resourceVersion. A watch the server ends is resumed from the last resourceVersion seen
-(bookmarks included); one that fell too far behind (410 Gone) is replaced by a fresh list, so
-no deletion is missed; any other error is retried after a backoff. ``stop()`` ends it.
-Not for: what the events mean (the callback's business), or the one-off lists the operator
-primes from (``tessera.kube.objects``).
+looked as each page arrives, and what is gone (``DELETED`` with the stub it kept), then
+watches from the list's resourceVersion. A watch the server ends is resumed from the last
+resourceVersion seen (bookmarks included); one that fell too far behind (410 Gone) is
+replaced by a fresh list, so no deletion is missed; any other error is retried after a
+backoff. ``stop()`` ends it.
+Not for: what the events mean (the callback's business), or one-off lists
+(``tessera.kube.objects``).
 """
 
 from __future__ import annotations
@@ -114,14 +115,14 @@ class ListWatch:
         seen: dict[str, dict[str, Any]] = {}
         token: str | None = None
         version = ""
-        changed: list[tuple[str, dict[str, Any]]] = []
         while True:
             page = await self.client.list_page(self.path, label_selector=self.label_selector, limit=self.page_size,
                                                continue_=token)
             meta = page.get("metadata") or {}
             version = version or str(meta.get("resourceVersion") or "")
             kind = str(page.get("kind") or "").removesuffix("List")
-            for item in page.get("items") or []:
+            # Passed on page by page: a large first list is never held whole.
+            for item in page.pop("items", None) or []:
                 item.setdefault("apiVersion", self.api_version)  # list items do not say what they are
                 item.setdefault("kind", kind)
                 key = _key(item)
@@ -129,15 +130,13 @@ class ListWatch:
                 before = self.known.get(key)
                 item_version = (item.get("metadata") or {}).get("resourceVersion")
                 if before is None or before["metadata"].get("resourceVersion") != item_version:
-                    changed.append(("ADDED" if before is None else "MODIFIED", item))
+                    self._call("ADDED" if before is None else "MODIFIED", item)
             token = meta.get("continue")
             if not token:
                 break
         gone = [stub for key, stub in self.known.items() if key not in seen]
         self.known = seen
         self.lists += 1
-        for kind_, item in changed:
-            self._call(kind_, item)
         for stub in gone:
             self._call("DELETED", stub)
         self.listed.set()
