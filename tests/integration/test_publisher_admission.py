@@ -11,10 +11,14 @@ from typing import Any
 
 import pytest
 
+from tessera.controller.publisher import SlicePublisher
 from tessera.dra.deviceclasses import device_classes
+from tessera.dra.devices import build_gpu_devices, with_drain_taints
 from tessera.dra.diff import plan_slice_writes
 from tessera.dra.limits import validate_slice
 from tessera.dra.slices import NodeRef, build_node_slices
+from tessera.kube.http import ApiError, KubeClient
+from tessera.kube.objects import Api
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
@@ -137,3 +141,36 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
     apply(cluster, pod_with_claim("mps-c", namespace, "mps-30gi", on_node(name)))
     await wait_for(lambda: unschedulable(cluster, namespace, "mps-c"), timeout=60, message="mps-c to be unschedulable")
     assert _result(cluster, namespace, "mps-c") is None
+
+
+async def test_a_conflict_rereads_only_its_nodes_slices_and_the_next_publish_builds_on_them(
+    cluster: LocalCluster,
+) -> None:
+    """The SlicePublisher on the real apiserver: someone else's write makes our update
+    conflict; the publisher re-reads that node's slices alone (the ``spec.nodeName`` field
+    selector), raises, and its next publish writes over the new version."""
+    names = ("publisher-conflict-a", "publisher-conflict-b")
+    refs = [NodeRef(n, cluster.add_node(n, labels={"tessera.dev/test": "publisher"})["metadata"]["uid"]) for n in names]
+    async with KubeClient.from_environment(str(cluster.kubeconfig)) as client:
+        publisher = SlicePublisher(Api(client))
+        devices = [build_gpu_devices(g) for g in every_strategy()[:2]]
+        for ref in refs:
+            await publisher.publish(ref.name, ref.uid, devices)
+        theirs = _stored_slices(cluster, names[0])[0]
+        theirs["metadata"]["labels"]["someone"] = "else"  # a write the publisher's cache does not know
+        await client.replace(f"/apis/resource.k8s.io/v1/resourceslices/{theirs['metadata']['name']}", theirs)
+        b_before = {n: e.resource_version for n, e in publisher.slices[names[1]].items()}
+
+        tainted = [with_drain_taints(g, {d["name"] for d in g.devices}) for g in devices]
+        with pytest.raises(ApiError) as conflict:
+            await publisher.publish(names[0], refs[0].uid, tainted)
+        assert conflict.value.status == 409
+        assert {s["metadata"]["name"] for s in _stored_slices(cluster, names[0])} == set(publisher.slices[names[0]])
+        assert publisher.slices[names[0]][theirs["metadata"]["name"]].body()["metadata"]["labels"]["someone"] == "else"
+        assert {n: e.resource_version for n, e in publisher.slices[names[1]].items()} == b_before
+
+        await publisher.publish(names[0], refs[0].uid, tainted)
+        stored = _stored_slices(cluster, names[0])
+        assert all(t["key"] == "tessera.dev/repartition" for s in stored for d in s["spec"]["devices"]
+                   for t in d["taints"])
+        assert stored[0]["metadata"]["labels"]["someone"] == "else", "their label is kept"
