@@ -21,6 +21,7 @@ building devices or slices (``tessera.dra``), or the watch itself (``tessera.kub
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
@@ -170,26 +171,32 @@ class SlicePublisher:
             for name, entry in cached.items():
                 entry.matches = digests.get(name)
             return
-        for ref in plan.deletes:
-            await self._write("resourceslice/delete", self.api.delete_slice(ref.name, ref.uid))
-            cached.pop(ref.name, None)
-        for body in plan.updates:
-            name = str(body["metadata"]["name"])
-            try:
-                written = await self._write("resourceslice/update", self.api.replace_slice(body))
-            except ApiError as exc:
-                if exc.status in (404, 409):
-                    await self.relist(node)
-                raise
-            cached[name] = CachedSlice.of(written, digests[name])
-        for body in plan.creates:
-            name = str(body["metadata"]["name"])
-            try:
-                written = await self._write("resourceslice/create", self.api.create_slice(body))
-            except ApiError as exc:
-                if exc.status == 409:
-                    await self.relist(node)
-                raise
-            cached[name] = CachedSlice.of(written, digests[name])
+        # Each kind of write in turn (deletes, updates, creates); the writes of one kind at once.
+        await self._all("resourceslice/delete", node, cached, [
+            (ref.name, self.api.delete_slice(ref.name, ref.uid)) for ref in plan.deletes], digests)
+        await self._all("resourceslice/update", node, cached, [
+            (str(b["metadata"]["name"]), self.api.replace_slice(b)) for b in plan.updates], digests)
+        await self._all("resourceslice/create", node, cached, [
+            (str(b["metadata"]["name"]), self.api.create_slice(b)) for b in plan.creates], digests)
         log.info("published ResourceSlices", node=node, generation=plan.generation, created=len(plan.creates),
                  updated=len(plan.updates), deleted=len(plan.deletes))
+
+    async def _all(self, what: str, node: str, cached: dict[str, CachedSlice],
+                   calls: list[tuple[str, Awaitable[Any]]], digests: Mapping[str, bytes]) -> None:
+        """Make ``calls`` (slice name, write) at once and keep what each returned. A conflict
+        or a missing slice (someone else wrote) re-reads the pool; any failure is raised once
+        every write has answered."""
+        results = await asyncio.gather(*(self._write(what, call) for _, call in calls), return_exceptions=True)
+        failure: BaseException | None = None
+        for (name, _), result in zip(calls, results, strict=True):
+            if isinstance(result, BaseException):
+                failure = failure or result
+            elif what == "resourceslice/delete":
+                cached.pop(name, None)
+            else:
+                cached[name] = CachedSlice.of(result, digests[name])
+        if failure is None:
+            return
+        if isinstance(failure, ApiError) and failure.status in (404, 409):
+            await self.relist(node)
+        raise failure
