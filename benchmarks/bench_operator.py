@@ -222,9 +222,6 @@ class AgentFleet:
             self._queue.put_nowait(name)
 
     def start(self) -> None:
-        # A pass applies its layout in a worker thread (``asyncio.to_thread``), as the agent does:
-        # one thread per concurrent pass, or the default pool (a few threads) caps the fleet.
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(self.concurrency, "fleet"))
         self._tasks = [asyncio.create_task(self._work(), name=f"fleet-{i}") for i in range(self.concurrency)]
         self._tasks.append(asyncio.create_task(self._watch(), name="fleet-watch"))
         for name in self.agents:
@@ -739,6 +736,11 @@ def print_table(results: list[Result]) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    # A fleet pass applies its layout in a worker thread (``asyncio.to_thread``), as the agent
+    # does: a thread for each concurrent pass, or the default pool (a few threads) caps the
+    # fleet. Set before anything starts and never replaced: the control plane's processes die
+    # with the thread that started them (PR_SET_PDEATHSIG), and a replaced pool's threads end.
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max(8, args.concurrency) + 4))
     counts = [int(x) for x in str(args.nodes).split(",") if x.strip()]
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
