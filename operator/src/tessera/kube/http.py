@@ -172,11 +172,16 @@ def in_cluster_credentials(folder: Path = SERVICE_ACCOUNT_DIR) -> Credentials:
 
 
 class KubeClient:
-    """One connection pool to one apiserver. Use ``async with`` or call ``close()``."""
+    """One connection pool to one apiserver. Use ``async with`` or call ``close()``.
 
-    def __init__(self, credentials: Credentials, timeout_s: float = 300.0) -> None:
+    At most ``connections`` requests are open at once; more wait for a free connection. Each
+    open TLS connection costs a 128 KiB read buffer, so a pool that grows to every write a
+    busy operator has in flight costs tens of MiB; a watch holds its connection while it runs."""
+
+    def __init__(self, credentials: Credentials, timeout_s: float = 300.0, connections: int = 32) -> None:
         self.credentials = credentials
         self.timeout_s = timeout_s  # per request, unless a call says otherwise
+        self.connections = connections
         self._ssl = credentials.ssl_context() if credentials.server.startswith("https") else False
         self._session: aiohttp.ClientSession | None = None
         self._token: str | None = credentials.token
@@ -321,7 +326,7 @@ class KubeClient:
     async def _send(self, method: str, path: str, params: Mapping[str, Any] | None, body: Any,
                     content_type: str | None, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections))
         headers = {"Accept": "application/json"}
         token = self._bearer_token()
         if token:
