@@ -1,5 +1,6 @@
 """``tessera agent`` runs without kubernetes-asyncio, Kopf or the local cluster's libraries, nor
-aiohttp's web server or rich (structlog's optional terminal tracebacks), which it has no use for:
+aiohttp's web server, prometheus_client (the agent has its own small ``tessera.agent.metrics``) or
+rich (structlog's optional terminal tracebacks), which it has no use for:
 a real agent process (simulated GPUs, kubelet plugin on) runs against the real control plane
 until it has reported its inventory in its NodeLayout's status, stops on SIGTERM, and lists
 the modules it had loaded. The import contract in pyproject.toml checks the import graph; this
@@ -26,7 +27,7 @@ SOURCE = Path(tessera.__file__).resolve().parents[1]
 CRD = Path(__file__).resolve().parents[2] / "crds" / "tessera.dev_nodelayouts.yaml"
 NEVER_IN_THE_AGENT = ("kubernetes_asyncio", "kopf", "cryptography", "tessera.kube.objects", "tessera.controller",
                       "tessera.localcluster", "tessera.cli.operator", "tessera.cli.cluster", "tessera.cli.demo",
-                      "aiohttp.web", "rich", "pygments")
+                      "aiohttp.web", "rich", "pygments", "prometheus_client")
 PRINT_MODULES_AT_EXIT = (
     "import atexit, json, os, sys\n"
     "atexit.register(lambda: open(os.environ['MODULES_OUT'], 'w').write(json.dumps(\n"

@@ -31,14 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from tessera import DRIVER_NAME
 from tessera.agent.backends.base import BackendError, DeviceBackend
 from tessera.agent.claimguard import ClaimGuard
 from tessera.agent.health import HealthTracker
+from tessera.agent.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, MetricsRegistry
 from tessera.agent.metricsserver import TEXT, MetricsServer
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
@@ -63,10 +62,11 @@ class AgentConfig:
 
 
 class AgentMetrics:
-    """The agent's Prometheus metrics, in a registry of its own (several agents per test process)."""
+    """The agent's Prometheus metrics (``tessera.agent.metrics``), in a registry of its own
+    (several agents per test process)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = MetricsRegistry()
         r = self.registry
         self.passes = Counter("tessera_agent_reconcile_passes", "Reconcile passes, by result", ["result"], registry=r)
         self.operations = Counter(
@@ -331,7 +331,7 @@ class NodeAgent:
             return 503, TEXT, b"no reconcile pass lately\n"
 
         def metrics() -> tuple[int, str, bytes]:
-            return 200, CONTENT_TYPE_LATEST, generate_latest(self.metrics.registry)
+            return 200, CONTENT_TYPE, self.metrics.registry.exposition()
 
         server = MetricsServer({"/healthz": healthz, "/metrics": metrics})
         self.http_port = await server.start(self.config.metrics_host, port)
