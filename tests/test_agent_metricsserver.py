@@ -1,6 +1,6 @@
 """The agent's /metrics and /healthz server, over a real socket: each route's status, type and
-body; HEAD without a body; 404, 405 and 400 for what it does not serve; a client that never
-finishes its request is dropped."""
+body; HEAD without a body; 404, 405 and 400 for what it does not serve, 500 for a route that
+fails; a client that never finishes its request is dropped."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ async def port() -> AsyncIterator[int]:
     server = MetricsServer({
         "/healthz": lambda: (200, TEXT, b"ok\n"),
         "/metrics": lambda: (200, "text/plain; version=0.0.4", b"a_metric 1.0\n"),
+        "/broken": lambda: (200, TEXT, str(1 / 0).encode()),
     })
     bound = await server.start("127.0.0.1", 0)
     try:
@@ -64,6 +65,7 @@ async def test_head_sends_the_headers_of_get_without_the_body(port: int) -> None
         (b"GET /nothing HTTP/1.1", "HTTP/1.1 404 Not Found"),
         (b"POST /metrics HTTP/1.1", "HTTP/1.1 405 Method Not Allowed"),
         (b"nonsense", "HTTP/1.1 400 Bad Request"),
+        (b"GET /broken HTTP/1.1", "HTTP/1.1 500 Internal Server Error"),
     ],
 )
 async def test_what_it_does_not_serve_gets_an_error_status(port: int, request_line: bytes, status: str) -> None:

@@ -2,7 +2,7 @@
 
 Each route is a function that returns (status, content type, body). The server answers GET and
 HEAD, one request per connection (``Connection: close``), which is all a Prometheus scrape or a
-kubelet probe asks for; a client that sends no complete request head within
+kubelet probe asks for; a route that raises answers 500; a client that sends no complete request head within
 ``REQUEST_TIMEOUT_SECONDS`` or ``MAX_HEAD_BYTES`` is dropped. It exists so that the agent on every
 GPU node does not load aiohttp's web server (about 2 MiB resident) for two routes.
 Not for: request bodies, keep-alive, TLS, or an API of any size.
@@ -15,11 +15,14 @@ import contextlib
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 
+import structlog
+
 Route = Callable[[], tuple[int, str, bytes]]  # () -> (status, content type, body)
 
 REQUEST_TIMEOUT_SECONDS = 10.0
 MAX_HEAD_BYTES = 16 * 1024
 TEXT = "text/plain; charset=utf-8"
+log = structlog.get_logger(__name__)
 
 
 class MetricsServer:
@@ -62,7 +65,11 @@ class MetricsServer:
                     head = await reader.readuntil(b"\r\n\r\n")
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 return  # a client that never finished its request, or sent a head too large
-            status, content_type, body, send_body = self.answer(head)
+            try:
+                status, content_type, body, send_body = self.answer(head)
+            except Exception as e:  # a failing route answers 500; the server carries on
+                log.error("an HTTP route failed", error=repr(e))
+                status, content_type, body, send_body = HTTPStatus.INTERNAL_SERVER_ERROR, TEXT, b"route failed\n", True
             writer.write(
                 f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode("latin-1")
