@@ -10,7 +10,7 @@ the object, a periodic resync (the heartbeat: the status is rewritten at least e
 all wake one reconcile pass. A pass runs ``apply_layout`` in a worker thread (backend calls
 block), builds the status and writes it through the status subresource when it changed or the
 heartbeat is due. It serves Prometheus metrics on ``/metrics`` and liveness on ``/healthz``
-(503 once no pass has finished for three resync periods).
+(503 once no pass has finished for three resync periods) through ``tessera.agent.metricsserver``.
 
 Before an operation destroys or reshapes a published device, the reconciler asks a
 ``ClaimGuard``, which reads every ResourceClaim fresh from the API (``tessera.kube.claims``)
@@ -31,15 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from tessera import DRIVER_NAME
 from tessera.agent.backends.base import BackendError, DeviceBackend
 from tessera.agent.claimguard import ClaimGuard
 from tessera.agent.health import HealthTracker
+from tessera.agent.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, MetricsRegistry
+from tessera.agent.metricsserver import TEXT, MetricsServer
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
@@ -63,10 +62,11 @@ class AgentConfig:
 
 
 class AgentMetrics:
-    """The agent's Prometheus metrics, in a registry of its own (several agents per test process)."""
+    """The agent's Prometheus metrics (``tessera.agent.metrics``), in a registry of its own
+    (several agents per test process)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = MetricsRegistry()
         r = self.registry
         self.passes = Counter("tessera_agent_reconcile_passes", "Reconcile passes, by result", ["result"], registry=r)
         self.operations = Counter(
@@ -169,7 +169,8 @@ class NodeAgent:
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        runner = await self._serve_http() if self.config.metrics_port is not None else None
+        port = self.config.metrics_port
+        http = await self._serve_http(port) if port is not None else None
         health_thread = threading.Thread(target=self._health_events, name="gpu-health-events", daemon=True)
         health_thread.start()
         watcher = asyncio.create_task(self._watch(), name="nodelayout-watch")
@@ -187,8 +188,8 @@ class NodeAgent:
             self._stopping.set()
             self._halt.set()
             await asyncio.to_thread(health_thread.join, 1.0)  # a daemon thread: a blocked wait does not hold exit
-            if runner is not None:
-                await runner.cleanup()
+            if http is not None:
+                await http.close()
 
     async def _ensure_layout(self) -> None:
         delay = 1.0
@@ -323,24 +324,16 @@ class NodeAgent:
 
     # -- HTTP --
 
-    async def _serve_http(self) -> web.AppRunner:
-        app = web.Application()
+    async def _serve_http(self, port: int) -> MetricsServer:
+        def healthz() -> tuple[int, str, bytes]:
+            if self.healthy:
+                return 200, TEXT, b"ok\n"
+            return 503, TEXT, b"no reconcile pass lately\n"
 
-        async def healthz(_: web.Request) -> web.Response:
-            ok = self.healthy
-            return web.Response(status=200 if ok else 503, text="ok\n" if ok else "no reconcile pass lately\n")
+        def metrics() -> tuple[int, str, bytes]:
+            return 200, CONTENT_TYPE, self.metrics.registry.exposition()
 
-        async def metrics(_: web.Request) -> web.Response:
-            body = generate_latest(self.metrics.registry)
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/metrics", metrics)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, self.config.metrics_host, self.config.metrics_port)
-        await site.start()
-        server: Any = site._server  # aiohttp keeps the bound socket here; port 0 picks a free one
-        self.http_port = server.sockets[0].getsockname()[1] if server is not None else self.config.metrics_port
+        server = MetricsServer({"/healthz": healthz, "/metrics": metrics})
+        self.http_port = await server.start(self.config.metrics_host, port)
         log.info("serving metrics and health", port=self.http_port)
-        return runner
+        return server

@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module and registers itself in ``SUBCOMMANDS``; this module
 only parses the first word and imports that subcommand's module alone, so ``tessera agent``
-never loads what only the operator or the local cluster needs. Not for: any of the jobs
+never loads what only the operator or the local cluster needs, nor (``LEFT_OUT``) the optional
+libraries a dependency would load that the subcommand has no use for. Not for: any of the jobs
 themselves.
 """
 
@@ -22,6 +23,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tessera.cli.demo", "run Tessera on a local control plane with simulated GPU nodes"),
 }
 
+# name -> third-party modules made unimportable before that subcommand's module is imported, so
+# that a library which uses them only when installed falls back without them. structlog imports
+# rich (about 3 MiB resident, with pygments) whenever it is installed, only to draw exceptions on
+# a terminal; the agent runs on every GPU node and logs JSON there (on a terminal, tracebacks are
+# plain). Only the operator needs rich installed (common-expression-language).
+LEFT_OUT: dict[str, tuple[str, ...]] = {"agent": ("rich",)}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -32,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         subparser = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
+            for left_out in LEFT_OUT.get(name, ()):
+                if left_out not in sys.modules:  # None there: importing it raises ImportError
+                    sys.modules[left_out] = None  # type: ignore[assignment]
             importlib.import_module(module_name).add_arguments(subparser)
     args = parser.parse_args(argv)
     code: int = importlib.import_module(SUBCOMMANDS[args.command][0]).run(args)
