@@ -53,6 +53,23 @@ def test_a_layout_event_records_or_clears_the_layout_and_enqueues_its_node() -> 
     assert controller.enqueued == [NODE, NODE, NODE]
 
 
+def test_the_echo_of_a_layout_the_view_already_holds_enqueues_nothing() -> None:
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    body = layout_body([gpu(0)])
+    body["metadata"]["resourceVersion"] = "41"
+    controller.fleet.set_layout(body)  # what writing the spec does with the API's answer
+    controller.enqueued.clear()
+
+    controller.layout_seen("MODIFIED", body)
+    assert controller.enqueued == [], "the same version the view holds: our own write coming back"
+
+    changed = {**body, "metadata": {**body["metadata"], "resourceVersion": "42"}}
+    controller.layout_seen("MODIFIED", changed)
+    controller.layout_seen("DELETED", changed)
+    assert controller.enqueued == [NODE, NODE]
+
+
 def test_a_claim_event_enqueues_every_node_whose_devices_it_holds_or_held() -> None:
     controller = RecordingController()
     claim = claim_body("c", [("node-b", "gpu-0"), ("node-a", "gpu-1")], pods=["p"])

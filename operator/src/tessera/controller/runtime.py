@@ -423,7 +423,14 @@ class Controller:
             self.enqueue(name)
 
     def layout_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """A NodeLayout event: its node is decided again, unless the view holds that very
+        version already (the echo of the spec this operator wrote)."""
         name = str(body["metadata"]["name"])
+        view = self.fleet.nodes.get(name)
+        version = body["metadata"].get("resourceVersion")
+        if (event_type != "DELETED" and version is not None and view is not None and view.layout is not None
+                and view.layout_error is None and view.layout.metadata.resource_version == version):
+            return
         if event_type == "DELETED":
             self.fleet.remove_layout(name)
         else:
