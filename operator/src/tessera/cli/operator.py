@@ -9,31 +9,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import kopf
 from prometheus_client import start_http_server
 
 from tessera.log import configure_logging
 
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"{text} s is out of range: give 0 to 60 seconds")
-    return value
+N = TypeVar("N", int, float)
 
 
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= 256:
-        raise argparse.ArgumentTypeError(f"{text} workers is out of range: give 1 to 256")
-    return value
+def _within(kind: Callable[[str], N], what: str, low: N, high: N) -> Callable[[str], N]:
+    """An argparse type: ``kind`` of ``text``, refused with a clear message outside low..high."""
+    def parse(text: str) -> N:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {what}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text} {what} is out of range: give {low} to {high}")
+        return value
+    return parse
+
+
+_seconds = _within(float, "seconds", 0.0, 60.0)
+_workers = _within(int, "workers", 1, 256)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
