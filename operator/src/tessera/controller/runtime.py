@@ -1,8 +1,10 @@
 """The operator's work loop: one queue of node names, a few reconciles at once (never two of
 the same node).
 
-Watch events (from the Kopf handlers and watches in ``tessera.controller.handlers``) update the
-:class:`~tessera.controller.state.Fleet` and enqueue the nodes they touch; the loop decides
+Watch events (SharingPolicies and ResourceClaims from the Kopf handlers in
+``tessera.controller.handlers``; our slices, Nodes and NodeLayouts from the Controller's own
+``tessera.kube.watch`` loops) update the :class:`~tessera.controller.state.Fleet` and enqueue
+the nodes they touch; the loop decides
 (pure), then writes only what differs: NodeLayout.spec, the node's ResourceSlices (handed to
 the :class:`~tessera.controller.publisher.SlicePublisher`, which makes the fewest writes),
 evictions for timed-out ``Evict`` drains, and — debounced — every SharingPolicy status.
