@@ -4,10 +4,10 @@ the same node).
 Watch events (SharingPolicies and ResourceClaims from the Kopf handlers in
 ``tessera.controller.handlers``; our slices, Nodes and NodeLayouts from the Controller's own
 ``tessera.kube.watch`` loops) update the :class:`~tessera.controller.state.Fleet` and enqueue
-the nodes they touch; the loop decides
-(pure), then writes only what differs: NodeLayout.spec, the node's ResourceSlices (handed to
-the :class:`~tessera.controller.publisher.SlicePublisher`, which makes the fewest writes),
-evictions for timed-out ``Evict`` drains, and — debounced — every SharingPolicy status.
+the nodes they touch; the loop decides (pure), then writes only what differs: NodeLayout.spec,
+the node's ResourceSlices (handed to the :class:`~tessera.controller.publisher.SlicePublisher`,
+which makes the fewest writes), evictions for timed-out ``Evict`` drains, and — debounced —
+every SharingPolicy status.
 
 The handover, so that no claim ends up on a device that is about to go: a change to a GPU's
 published devices is (a) published first as those devices tainted ``NoSchedule`` — the write
