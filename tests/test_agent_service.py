@@ -44,3 +44,12 @@ async def test_a_spec_the_agent_cannot_read_changes_nothing(monkeypatch: pytest.
     assert not after.mig_mode_current, "MIG mode was not touched"
     assert after.instances == ()
     assert writes == []
+
+
+def test_after_failed_passes_the_next_comes_after_a_short_backoff_not_a_whole_resync() -> None:
+    backend = SimulatedBackend.from_spec("node-1", "1xH100-80GB", None)
+    agent = NodeAgent(AgentConfig(node_name="node-1", metrics_port=None, resync_seconds=30.0), backend, api=None)
+    assert agent.next_pass_in(0) == 30.0
+    assert [agent.next_pass_in(n) for n in (1, 2, 3, 4, 9)] == [1.0, 2.0, 5.0, 10.0, 10.0]
+    quick = NodeAgent(AgentConfig(node_name="node-1", metrics_port=None, resync_seconds=3.0), backend, api=None)
+    assert quick.next_pass_in(4) == 3.0, "never later than the resync"

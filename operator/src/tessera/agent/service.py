@@ -47,6 +47,7 @@ from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
 AGENT_VERSION = "0.1.0"
+RETRY_BACKOFF: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0)  # seconds before the next pass after 1, 2, 3, 4+ failed ones
 log = structlog.get_logger(__name__)
 
 
@@ -176,11 +177,12 @@ class NodeAgent:
         watcher = asyncio.create_task(self._watch(), name="nodelayout-watch")
         try:
             await self._ensure_layout()
+            failures = 0
             while not self._stopping.is_set():
                 self._wake.clear()
-                await self.reconcile_once()
+                failures = 0 if await self.reconcile_once() is not None else failures + 1
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=self.config.resync_seconds)
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.next_pass_in(failures))
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -190,6 +192,15 @@ class NodeAgent:
             await asyncio.to_thread(health_thread.join, 1.0)  # a daemon thread: a blocked wait does not hold exit
             if http is not None:
                 await http.close()
+
+    def next_pass_in(self, failures: int) -> float:
+        """Seconds until the next pass when nothing wakes the agent: the resync, or after
+        ``failures`` failed passes in a row a short backoff (an apiserver back from an outage
+        sends no event that would wake the agent, so waiting a whole resync would leave the
+        status it could not write stale for that long)."""
+        if not failures:
+            return self.config.resync_seconds
+        return min(RETRY_BACKOFF[min(failures, len(RETRY_BACKOFF)) - 1], self.config.resync_seconds)
 
     async def _ensure_layout(self) -> None:
         delay = 1.0
@@ -269,7 +280,7 @@ class NodeAgent:
                 )
             return status
         except (ApiError, BackendError, LookupError, OSError) as e:
-            log.warning("reconcile pass failed; retrying at the next resync", error=str(e))
+            log.warning("reconcile pass failed; will retry", error=str(e))
             self.metrics.passes.labels("error").inc()
             return None
         finally:
