@@ -3,13 +3,16 @@ enqueues exactly the nodes it concerns (the handlers themselves only pass events
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, cast
 
+from tessera.controller.decide import NodeDecision
 from tessera.controller.publisher import slice_stub
 from tessera.controller.runtime import Controller
 from tessera.kube.objects import Api
-from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
-from tests.dra_gpus import gpu
+from tessera.models.layout import NodeLayoutSpec
+from tests.controller_fleet import NODE, claim_body, layout_body, layout_of, node_body, policy_body
+from tests.dra_gpus import gpu, mig_gpu
 
 
 class RecordingController(Controller):
@@ -140,3 +143,35 @@ def slice_body(pool: str) -> dict[str, Any]:
         "spec": {"driver": "gpu.tessera.dev", "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
                  "devices": [{"name": "gpu-0"}]},
     }
+
+
+async def test_the_answer_to_a_spec_write_never_replaces_a_newer_layout_the_watch_brought_meanwhile() -> None:
+    """The agent can apply our spec and report its new status before our write's answer is
+    handled; the view must keep that status, not go back to the one the answer carries."""
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    before = layout_body([gpu(0)], [layout_of(gpu(0))])
+    before["metadata"]["resourceVersion"] = "10"
+    controller.layout_seen("MODIFIED", before)
+    decided_on = controller.fleet.nodes[NODE].layout
+    assert decided_on is not None
+    wanted = NodeLayoutSpec(gpus=[layout_of(mig_gpu(0))])
+    answer = layout_body([gpu(0)], wanted.gpus, generation=2)  # our spec, the status as it was
+    answer["metadata"]["resourceVersion"] = "11"
+    applied = layout_body([mig_gpu(0)], wanted.gpus, generation=2, observed_generation=2)  # the agent's report
+    applied["metadata"]["resourceVersion"] = "12"
+
+    async def patch_node_layout_spec(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        controller.layout_seen("MODIFIED", answer)  # the watch, in order, is faster than our answer
+        controller.layout_seen("MODIFIED", applied)
+        return answer
+
+    controller.api = cast(Api, SimpleNamespace(patch_node_layout_spec=patch_node_layout_spec))
+    decision = cast(NodeDecision, SimpleNamespace(spec=wanted))
+
+    assert await controller._write_spec(NODE, decided_on, decision) == 2
+    layout = controller.fleet.nodes[NODE].layout
+    assert layout is not None
+    assert layout.metadata.resource_version == "12", "the newer report stays"
+    assert layout.status is not None
+    assert layout.status.gpus[0].mig_instances

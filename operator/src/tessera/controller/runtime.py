@@ -310,7 +310,12 @@ class Controller:
             return layout.metadata.generation
         body = await self._write("nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube()))
         generation: int | None = body["metadata"].get("generation")
-        self.fleet.set_layout(body)
+        view = self.fleet.nodes.get(node)
+        if view is not None and view.layout is layout:
+            # Only over the version this decision read: a watch event that came in while we
+            # wrote (the agent's next status, say) is newer than our answer, and the watch
+            # brings our write's own version in its turn anyway.
+            self.fleet.set_layout(body)
         log.info("wrote NodeLayout spec", node=node, gpus=len(decision.spec.gpus))
         return generation
 
