@@ -175,3 +175,23 @@ async def test_the_answer_to_a_spec_write_never_replaces_a_newer_layout_the_watc
     assert layout.metadata.resource_version == "12", "the newer report stays"
     assert layout.status is not None
     assert layout.status.gpus[0].mig_instances
+
+
+async def test_a_list_at_start_is_tried_again_until_the_apiserver_answers(monkeypatch: Any) -> None:
+    """An operator started while the apiserver is away waits for it (short backoff) instead of
+    failing its start, which Kopf would retry only a minute later."""
+    from tessera.controller import runtime
+
+    monkeypatch.setattr(runtime, "ERROR_BACKOFF", (0.0,))
+    answers: list[Any] = [ConnectionRefusedError("apiserver away"), OSError("still away"), [policy_body("p")]]
+
+    async def list_all(*resource: str) -> list[dict[str, Any]]:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return cast(list[dict[str, Any]], answer)
+
+    controller = RecordingController()
+    controller.api = cast(Api, SimpleNamespace(list_all=list_all))
+    assert await controller._list_until_answered(("tessera.dev", "v1alpha1", "sharingpolicies")) == [policy_body("p")]
+    assert answers == []

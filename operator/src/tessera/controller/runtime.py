@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
@@ -41,7 +42,7 @@ from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice
 from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
 from tessera.kube.http import ApiError
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
-from tessera.kube.watch import ListWatch
+from tessera.kube.watch import ERROR_BACKOFF, ListWatch
 from tessera.models.layout import NodeLayout
 from tessera.models.policy import SharingPolicyStatus
 
@@ -170,9 +171,9 @@ class Controller:
         view fresh from then on) have each passed on their first list before the first
         reconcile. Their first list is the read: nothing is listed twice, and nothing is
         reconciled twice for it. Slices whose node has gone are deleted."""
-        for body in await self.api.list_all(*POLICIES):
+        for body in await self._list_until_answered(POLICIES):
             self.fleet.set_policy(body)
-        for body in await self.api.list_all(*CLAIMS):
+        for body in await self._list_until_answered(CLAIMS):
             self.fleet.set_claim(body)
         client = self.api.client
         self._watches = [
@@ -196,6 +197,20 @@ class Controller:
             asyncio.create_task(self._write_statuses(), name="tessera-policy-status"),
         ]
         self.ready.set()
+
+    async def _list_until_answered(self, resource: tuple[str, str, str]) -> list[dict[str, Any]]:
+        """A list at start, tried again after a backoff until the apiserver answers: the
+        operator may start while the apiserver is away, and failing its start would leave the
+        retry to Kopf's startup backoff, a whole minute."""
+        for attempt in itertools.count():
+            try:
+                return await self.api.list_all(*resource)
+            except Exception as exc:  # the connection refused, a 5xx, a 403 while RBAC is applied ...
+                delay = ERROR_BACKOFF[min(attempt, len(ERROR_BACKOFF) - 1)]
+                log.warning("cannot read the cluster yet; trying again", resource=resource[2], error=repr(exc),
+                            retry_in=delay)
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
 
     async def stop(self) -> None:
         for watch in self._watches:
