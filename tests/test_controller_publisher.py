@@ -266,3 +266,29 @@ async def test_a_deletion_counts_once_and_only_for_a_slice_the_cache_holds() -> 
     assert pub.seen("DELETED", slice_stub(body))  # all a relist keeps of a slice that went
     assert list(pub.slices[NODE]) == [f"{NODE}-tessera-gpu-0"]
     assert not pub.seen("DELETED", slice_stub(body)), "already gone from the cache"
+
+
+async def test_a_deletion_the_watch_brings_while_we_write_is_not_undone_by_our_answer() -> None:
+    """The kubelet wipes a driver's slices when its plugin goes: if that deletion reaches the
+    cache while our update is in flight, our (older) answer must not bring the slice back, or
+    the next publish would find nothing to write."""
+    api = FakeSliceApi()
+    pub, writes = publisher(api)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    name = f"{NODE}-tessera-gpu-0"
+    replace = api.replace_slice
+
+    async def replace_then_wiped(body: dict[str, Any]) -> dict[str, Any]:
+        answer = await replace(body)
+        pub.seen("MODIFIED", copy.deepcopy(api.stored[name]))  # our echo
+        pub.seen("DELETED", slice_stub(api.stored.pop(name)))  # the kubelet's deletion, before our answer
+        return answer
+
+    api.replace_slice = replace_then_wiped  # type: ignore[method-assign]
+    await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+    assert name not in pub.slices[NODE]
+
+    api.replace_slice = replace  # type: ignore[method-assign]
+    await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+    assert writes.made[-1] == "resourceslice/create", "the next publish puts the slice back"
+    assert name in api.stored

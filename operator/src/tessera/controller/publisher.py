@@ -186,11 +186,14 @@ class SlicePublisher:
         """Make ``calls`` (slice name, write) at once and keep what each returned. A conflict
         or a missing slice (someone else wrote) re-reads the pool; any failure is raised once
         every write has answered."""
+        planned = {name: cached.get(name) for name, _ in calls}
         results = await asyncio.gather(*(self._write(what, call) for _, call in calls), return_exceptions=True)
         failure: BaseException | None = None
         for (name, _), result in zip(calls, results, strict=True):
             if isinstance(result, BaseException):
                 failure = failure or result
+            elif cached.get(name) is not planned[name]:
+                pass  # the watch brought a newer version while we wrote (someone else's, or our echo)
             elif what == "resourceslice/delete":
                 cached.pop(name, None)
             else:
