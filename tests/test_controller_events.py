@@ -182,7 +182,7 @@ async def test_a_list_at_start_is_tried_again_until_the_apiserver_answers(monkey
     failing its start, which Kopf would retry only a minute later."""
     from tessera.controller import runtime
 
-    monkeypatch.setattr(runtime, "ERROR_BACKOFF", (0.0,))
+    monkeypatch.setattr(runtime, "retry_delay", lambda attempt: 0.0)
     answers: list[Any] = [ConnectionRefusedError("apiserver away"), OSError("still away"), [policy_body("p")]]
 
     async def list_all(*resource: str) -> list[dict[str, Any]]:

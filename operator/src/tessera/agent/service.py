@@ -42,12 +42,11 @@ from tessera.agent.metricsserver import TEXT, MetricsServer
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
-from tessera.kube.http import ApiError, KubeClient
+from tessera.kube.http import ApiError, KubeClient, retry_delay
 from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
 AGENT_VERSION = "0.1.0"
-RETRY_BACKOFF: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0)  # seconds before the next pass after 1, 2, 3, 4+ failed ones
 log = structlog.get_logger(__name__)
 
 
@@ -200,7 +199,7 @@ class NodeAgent:
         status it could not write stale for that long)."""
         if not failures:
             return self.config.resync_seconds
-        return min(RETRY_BACKOFF[min(failures, len(RETRY_BACKOFF)) - 1], self.config.resync_seconds)
+        return min(retry_delay(failures - 1), self.config.resync_seconds)
 
     async def _ensure_layout(self) -> None:
         delay = 1.0

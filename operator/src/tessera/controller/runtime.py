@@ -40,9 +40,9 @@ from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice_stub
 from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
-from tessera.kube.http import ApiError
+from tessera.kube.http import ApiError, retry_delay
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
-from tessera.kube.watch import ERROR_BACKOFF, ListWatch
+from tessera.kube.watch import ListWatch
 from tessera.models.layout import NodeLayout
 from tessera.models.policy import SharingPolicyStatus
 
@@ -206,7 +206,7 @@ class Controller:
             try:
                 return await self.api.list_all(*resource)
             except Exception as exc:  # the connection refused, a 5xx, a 403 while RBAC is applied ...
-                delay = ERROR_BACKOFF[min(attempt, len(ERROR_BACKOFF) - 1)]
+                delay = retry_delay(attempt)
                 log.warning("cannot read the cluster yet; trying again", resource=resource[2], error=repr(exc),
                             retry_in=delay)
                 await asyncio.sleep(delay)

@@ -25,7 +25,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +36,12 @@ import aiohttp
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates projected tokens well before they expire
+RETRY_BACKOFF: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0)  # seconds before the 1st, 2nd, 3rd, 4th and later retry
+
+
+def retry_delay(attempt: int, backoff: Sequence[float] = RETRY_BACKOFF) -> float:
+    """Seconds to wait before retry number ``attempt`` (0: the first) of a call that failed."""
+    return backoff[min(attempt, len(backoff) - 1)]
 
 Objects = list[dict[str, Any]]  # named here: inside KubeClient, ``list`` is the method
 PatchType = Literal["merge", "strategic", "json", "apply"]

@@ -21,13 +21,12 @@ from typing import Any
 
 import structlog
 
-from tessera.kube.http import ApiError, KubeClient, resource_path
+from tessera.kube.http import RETRY_BACKOFF, ApiError, KubeClient, resource_path, retry_delay
 
 log = structlog.get_logger("tessera.kube.watch")
 
 OnEvent = Callable[[str, dict[str, Any]], None]  # (ADDED | MODIFIED | DELETED, object)
 Stub = Callable[[Mapping[str, Any]], dict[str, Any]]
-ERROR_BACKOFF: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0)  # seconds before the 1st, 2nd, ... retry
 
 
 def metadata_stub(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,7 +46,7 @@ class ListWatch:
 
     def __init__(self, client: KubeClient, group: str, version: str, plural: str, on_event: OnEvent, *,
                  label_selector: str | None = None, stub: Stub = metadata_stub, timeout_seconds: int = 300,
-                 backoff: Sequence[float] = ERROR_BACKOFF, page_size: int = 500) -> None:
+                 backoff: Sequence[float] = RETRY_BACKOFF, page_size: int = 500) -> None:
         self.client = client
         self.path = resource_path(group, version, plural)
         self.api_version = f"{group}/{version}" if group else version
@@ -105,7 +104,7 @@ class ListWatch:
                 failures = await self._pause(failures, exc)
 
     async def _pause(self, failures: int, error: Exception) -> int:
-        delay = self.backoff[min(failures, len(self.backoff) - 1)]
+        delay = retry_delay(failures, self.backoff)
         log.warning("watch failed; retrying", path=self.path, error=repr(error), retry_in=delay)
         await asyncio.sleep(delay)
         return failures + 1
