@@ -90,6 +90,12 @@ def publisher(api: FakeSliceApi) -> tuple[SlicePublisher, Writes]:
     return SlicePublisher(cast(Api, api), writes), writes
 
 
+async def fill_as_the_watch_does(pub: SlicePublisher, api: FakeSliceApi) -> None:
+    """The slice watch's first list, passed to the publisher as ADDED events."""
+    for item in await api.list_slices("app.kubernetes.io/managed-by=tessera"):
+        pub.seen("ADDED", item)
+
+
 def two_gpus() -> list[GpuDevices]:
     return [build_gpu_devices(gpu(0)), build_gpu_devices(mig_gpu(1))]
 
@@ -163,14 +169,14 @@ async def test_a_stale_update_reads_the_pool_again_and_raises() -> None:
     assert pub.slices[NODE][f"{NODE}-tessera-gpu-0"].resource_version == "999"
 
 
-async def test_loading_then_removing_orphans_deletes_only_slices_whose_node_is_gone() -> None:
+async def test_a_first_list_then_removing_orphans_deletes_only_slices_whose_node_is_gone() -> None:
     api = FakeSliceApi()
     api.put(f"{NODE}-tessera-gpu-0", NODE)
     api.put("gone-node-tessera-gpu-0", "gone-node")
     api.put("gone-node-other-driver", "gone-node", driver="other.example.com")  # labelled ours, but not
     pub, writes = publisher(api)
 
-    await pub.load()
+    await fill_as_the_watch_does(pub, api)
     assert set(pub.slices) == {NODE, "gone-node"}
     assert list(pub.slices["gone-node"]) == ["gone-node-tessera-gpu-0"], "another driver's slice is not ours"
     await pub.remove_orphans({NODE})
@@ -185,7 +191,7 @@ async def test_after_a_restart_the_same_devices_are_compared_once_and_then_known
     first, _ = publisher(api)
     await first.publish(NODE, NODE_UID, two_gpus())
     restarted, writes = publisher(api)
-    await restarted.load()
+    await fill_as_the_watch_does(restarted, api)
     assert all(entry.matches is None for entry in restarted.slices[NODE].values()), "loaded: nothing known yet"
 
     await restarted.publish(NODE, NODE_UID, two_gpus())

@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 
 from tessera import API_GROUP
-from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, Controller
+from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
 from tessera.kube.http import KubeClient
 from tessera.kube.objects import CLAIMS, POLICIES, Api
 
@@ -56,7 +56,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
     # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
     memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))
-    workers = int(os.environ.get("TESSERA_WORKERS", "8"))
+    workers = int(os.environ.get("TESSERA_WORKERS", DEFAULT_WORKERS))
     controller = Controller(Api(client), workers=workers, handover_grace=grace)
     memo.controller = controller
     await controller.start()

@@ -111,12 +111,6 @@ class SlicePublisher:
         """The cached slices of ``pool``, parsed, by name."""
         return [entry.body() for _, entry in sorted(self.slices.get(pool, {}).items())]
 
-    async def load(self) -> None:
-        """Read every slice of ours into the cache (the operator fills it from the slice
-        watch's first list instead)."""
-        for item in await self.api.list_slices(OURS):
-            self.seen("ADDED", item)
-
     async def remove_orphans(self, nodes: Collection[str]) -> None:
         """Delete our slices whose node is not among ``nodes`` (it went while we were away)."""
         for pool in sorted(p for p in self.slices if p not in nodes):

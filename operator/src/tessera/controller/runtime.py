@@ -59,6 +59,7 @@ MISSING = Gauge(
 CLAIM_READS = Counter("tessera_operator_claim_reads_total", "Direct reads of every ResourceClaim for a handover")
 
 DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims read that may clear it
+DEFAULT_WORKERS = 8  # nodes reconciled at once
 
 
 class FreshClaims:
@@ -99,7 +100,8 @@ class Controller:
     """Owns the fleet view, the queue, and every write."""
 
     def __init__(
-        self, api: Api, fleet: Fleet | None = None, workers: int = 8, handover_grace: float = DEFAULT_HANDOVER_GRACE
+        self, api: Api, fleet: Fleet | None = None, workers: int = DEFAULT_WORKERS,
+        handover_grace: float = DEFAULT_HANDOVER_GRACE,
     ) -> None:
         self.api = api
         self.fleet = fleet or Fleet()
