@@ -27,6 +27,7 @@ from tessera.agent.plugin.checkpoint import (
 from tessera.agent.plugin.claims import ClaimError, ClaimRef
 from tessera.agent.plugin.prepare import ClaimPreparer
 from tests.plugin_helpers import (
+    GPU_SPEC,
     MPS,
     NODE,
     STATIC,
@@ -157,6 +158,32 @@ async def test_mps_share_gets_the_pipe_folder_and_the_limits_it_was_allocated(
         "options": ["rw", "nosuid", "nodev", "bind"],
     }]
     assert prepared.devices[0].share_id == "share-1"
+
+
+async def test_an_mps_share_of_a_daemon_run_by_mps_daemons_also_mounts_its_log_folder(
+    reader: FakeClaimReader, dirs: PluginDirs, tmp_path: Path
+) -> None:
+    root = tmp_path / "mps"
+    backend = SimulatedBackend.from_spec(NODE, GPU_SPEC, mps_root=str(root), mps_processes=True)
+    try:
+        gpu1 = gpu(backend, 1)
+        backend.start_mps(gpu1.uuid)
+        plugin = preparer(backend, reader, dirs)
+        await plugin.restore()
+        body = claim("mps", result(MPS, share_id="share-1", consumed={"memory": "10Gi", "compute": "25"}))
+        reader.add(body)
+        await plugin.prepare(ref(body))
+        spec = spec_of(dirs, body)
+        assert env_of(spec)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        assert env_of(spec)["CUDA_MPS_LOG_DIRECTORY"] == "/var/log/nvidia-mps"
+        assert [(m["hostPath"], m["containerPath"]) for m in spec["devices"][0]["containerEdits"]["mounts"]] == [
+            (str(root / gpu1.uuid / "pipe"), "/tmp/nvidia-mps"), (str(root / gpu1.uuid / "log"), "/var/log/nvidia-mps"),
+        ]
+        assert (root / gpu1.uuid / "log").is_dir(), "a mount's source must exist, or the runtime refuses the container"
+    finally:
+        assert backend.daemons is not None
+        backend.daemons.kill_all()
+        backend.close()
 
 
 def admin(body: dict[str, Any]) -> dict[str, Any]:

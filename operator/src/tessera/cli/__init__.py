@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("tessera.cli.operator", "run the operator: SharingPolicies into NodeLayouts and ResourceSlices"),
     "agent": ("tessera.cli.agent", "run the node agent: GPUs into the layout of this node's NodeLayout"),
     "demo": ("tessera.cli.demo", "run Tessera on a local control plane with simulated GPU nodes"),
+    "mps-host": ("tessera.cli.mpshost", "start MPS control daemons for the node agent, outside its container"),
 }
 
 # name -> third-party modules made unimportable before that subcommand's module is imported, so
@@ -28,7 +29,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 # rich (about 3 MiB resident, with pygments) whenever it is installed, only to draw exceptions on
 # a terminal; the agent runs on every GPU node and logs JSON there (on a terminal, tracebacks are
 # plain). Only the operator needs rich installed (common-expression-language).
-LEFT_OUT: dict[str, tuple[str, ...]] = {"agent": ("rich",)}
+LEFT_OUT: dict[str, tuple[str, ...]] = {"agent": ("rich",), "mps-host": ("rich",)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
