@@ -201,8 +201,8 @@ class Outcome:
     def kind(self) -> str:
         """``refused <first field>``, ``Ready <reason>`` or ``Degraded <reason>``."""
         if self.refused is not None:
-            found = FIELD_PATH.search(self.refused)
-            return f"refused {_generic(found.group(0)) if found else '(no field named)'}"
+            paths = [m.group(0) for m in FIELD_PATH.finditer(self.refused)]
+            return f"refused {_generic(max(paths, key=len)) if paths else '(no field named)'}"
         conditions = {c["type"]: c for c in self.status.get("conditions", [])}
         degraded = conditions.get("Degraded", {})
         if degraded.get("status") == "True":
@@ -220,6 +220,8 @@ class Outcome:
         ready = conditions.get("Ready")
         if ready is None or not ready.get("reason"):
             return f"no Ready condition with a reason: {self.status}"
+        if ready["reason"] in TRANSIENT:
+            return f"still {ready['reason']} when the batch timed out: {self.status}"
         degraded = conditions.get("Degraded", {})
         if degraded.get("status") == "True" and not (degraded.get("reason") and degraded.get("message")):
             return f"Degraded without a reason and message: {degraded}"
