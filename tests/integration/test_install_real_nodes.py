@@ -4,7 +4,9 @@ manifests/install.yaml``, the simulated backend chosen by the documented patch
 (``e2e/local/simulated-agent.yaml``). The operator Deployment and the agent DaemonSet run as
 Pods with the shipped RBAC, admission policy, host paths and probes; the sample policies and
 the sample workloads (``e2e/local/samples``: the same claims, a local image) reach Running and
-print the devices they got.
+print the devices they got. Then, on that install, MPS daemons (started by the
+``tessera-mps-host`` Pod) and an MPS client outlive a kill of the agent's container and a
+rolling update of the agent DaemonSet, and a new MPS client starts after them.
 
 Needs root, runc, the CNI plugins, buildah and mmdebstrap (``.ci/run`` installs them);
 skipped with the reason where they are missing, unless ``TESSERA_REQUIRE_REAL_NODES=1``.

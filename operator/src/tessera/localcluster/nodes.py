@@ -9,7 +9,10 @@ them: ``/var/lib/kubelet`` (the kubelet's root, plugin registry and plugin socke
 folders, made as mount points). The kubelet, containerd, the
 containers and an agent started "on" the node all run in that namespace, so the agent
 DaemonSet's host paths mean the same there as on any node, and the kubelet's mounts vanish
-with the namespace. Each node gets a Linux bridge with a private /24 whose first address is
+with the namespace. The namespace also has the node's own boot id bound over
+``/proc/sys/kernel/random/boot_id``, so ``RealNode.reboot`` (every process of the node ends,
+/run's folders are cleared, containerd and the kubelet start again) is a new boot to the agent.
+Each node gets a Linux bridge with a private /24 whose first address is
 the node's IP (the kubelet listens there, so ``kubectl logs`` works) and the gateway of its
 Pods; Pods reach the apiserver at the ``kubernetes`` Service's ClusterIP through a DNAT rule
 to the apiserver's loopback port (there is no kube-proxy). Needs root; ``real_nodes_possible``
