@@ -485,8 +485,16 @@ async def test_a_node_reboot_brings_back_the_layout_the_devices_and_the_pods_and
                    message="every device of the node published again, untainted")
     republished = time.monotonic()
     for pod, previous in containers.items():
-        await wait_for(lambda p=pod, c=previous: running_since(real, namespace, p, c), timeout=180, interval=1,
-                       message=f"{pod} running again after the reboot")
+        try:
+            await wait_for(lambda p=pod, c=previous: running_since(real, namespace, p, c), timeout=180, interval=1,
+                           message=f"{pod} running again after the reboot")
+        except TimeoutError as error:
+            status = json.dumps(get(real, "pod", pod, "-n", namespace)["status"].get("containerStatuses"))[:1500]
+            events = real.cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                          f"involvedObject.name={pod}", check=False).stdout[-2500:]
+            kubelet = (node.folder / "logs" / "kubelet.log").read_text(errors="replace").splitlines()
+            raise AssertionError(f"{error}\n{status}\n{events}\nkubelet:\n" + "\n".join(
+                line[:400] for line in kubelet[-40:]) + f"\nagent:\n{agent.tail(30)}") from error
     pods_back = time.monotonic()
     print(f"\nreboot of {NODE_A}: node back {booted - started:.1f}s, every device published again "
           f"{republished - started:.1f}s, Pods running again {pods_back - started:.1f}s after the reboot began")

@@ -513,9 +513,12 @@ class RealNode:
         self._kill_namespace_leftovers()
         self._kill_everything_in_namespace()
         for inside in ("/run/cdi", "/run/tessera"):
-            folder = self.host_path(inside)
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True, exist_ok=True)
+            # Empty, not removed: the namespace's bind mount holds on to this very folder.
+            for entry in self.host_path(inside).iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
         shutil.rmtree(self.folder / "containerd" / "state", ignore_errors=True)
         if while_off is not None:
             while_off()
