@@ -180,6 +180,25 @@ def test_a_policy_the_agents_are_still_applying_is_progressing() -> None:
     assert _condition(status, "Degraded")[0] is ConditionStatus.FALSE
 
 
+def test_a_gpu_the_agent_cannot_change_makes_the_policy_degraded_with_the_agents_words() -> None:
+    """An Ampere GPU whose MIG mode waits for a reset never gets applied by itself: the policy
+    says so (Degraded ApplyBlocked, the agent's message) instead of Applying forever."""
+    spec = [_sliced(gpu(0).uuid), _sliced(gpu(1).uuid)]
+    status = [applied(gpu(0), spec[0]),
+              gpu(1).model_copy(update={"applied": False, "message": "ResetRequired: reset the GPU (nvidia-smi -r)"})]
+    fleet = fleet_of(status, spec, policies=[policy_body("shared", **TIME_SLICED)], generation=2,
+                     observed_generation=2)
+
+    result = _status(fleet)
+
+    assert _condition(result, "Degraded") == (
+        ConditionStatus.TRUE, "ApplyBlocked", f"{NODE} GPU 1: ResetRequired: reset the GPU (nvidia-smi -r)")
+    assert _condition(result, "Ready") == (ConditionStatus.FALSE, "Degraded", "1/2 GPUs on 1 node applied")
+    stale = fleet_of(status, spec, policies=[policy_body("shared", **TIME_SLICED)], generation=3,
+                     observed_generation=2)
+    assert _condition(_status(stale), "Degraded")[0] is ConditionStatus.FALSE, "a report for an older spec says nothing"
+
+
 def test_a_policy_that_selects_no_gpu_says_so() -> None:
     fleet = fleet_of([gpu(0)], policies=[policy_body("shared", nodeSelector={"matchLabels": {"pool": "x"}})])
 

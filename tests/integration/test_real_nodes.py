@@ -462,7 +462,8 @@ async def test_a_node_reboot_brings_back_the_layout_the_devices_and_the_pods_and
     containers = {p: get(real, "pod", p, "-n", namespace)["status"]["containerStatuses"][0]["containerID"]
                   for p in ("rb-mig", "rb-mps")}
     gone_claim = get(real, "pod", "rb-gone", "-n", namespace)["metadata"]["uid"]
-    assert real.hardware(NODE_A).snapshot().gpus[1].instances, "the MIG layout exists before the reboot"
+    layout_before = sorted((i.profile_id, i.start) for i in real.hardware(NODE_A).snapshot().gpus[1].instances)
+    assert layout_before, "the MIG layout exists before the reboot"
 
     def while_off() -> None:
         # The Pod deleted while its node is down never comes back (forced: no kubelet answers).
@@ -479,7 +480,11 @@ async def test_a_node_reboot_brings_back_the_layout_the_devices_and_the_pods_and
     agent = real.restart_agent(NODE_A)  # the DaemonSet's Pod starts again on the rebooted node
 
     def all_published_again() -> bool:
-        return published(real, NODE_A) == before
+        # The devices the operator publishes exist again: the agent re-made the layout on the reset
+        # GPUs (the slices alone would not tell: while the node is down they keep what the agent
+        # last reported, and the re-made instances get the same names and UUIDs).
+        remade = [(i.profile_id, i.start) for i in real.hardware(NODE_A).snapshot().gpus[1].instances]
+        return sorted(remade) == layout_before and published(real, NODE_A) == before
 
     await wait_for(all_published_again, timeout=180, interval=0.5,
                    message="every device of the node published again, untainted")
@@ -496,8 +501,9 @@ async def test_a_node_reboot_brings_back_the_layout_the_devices_and_the_pods_and
             raise AssertionError(f"{error}\n{status}\n{events}\nkubelet:\n" + "\n".join(
                 line[:400] for line in kubelet[-40:]) + f"\nagent:\n{agent.tail(30)}") from error
     pods_back = time.monotonic()
-    print(f"\nreboot of {NODE_A}: node back {booted - started:.1f}s, every device published again "
-          f"{republished - started:.1f}s, Pods running again {pods_back - started:.1f}s after the reboot began")
+    print(f"\nreboot of {NODE_A}: kubelet and containerd back {booted - started:.1f}s, layout re-made and every "
+          f"device published again {republished - started:.1f}s, Pods running again {pods_back - started:.1f}s "
+          "after the reboot began")
 
     # The Pods got their devices again: fresh CDI specs, the layout's instances, an MPS daemon.
     hardware = real.hardware(NODE_A).snapshot()

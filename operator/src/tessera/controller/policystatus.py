@@ -30,6 +30,7 @@ class PolicyTally:
     draining: tuple[str, ...]
     timed_out: tuple[str, ...]
     missing: tuple[str, ...] = ()  # claims allocated devices that no longer exist
+    blocked: tuple[str, ...] = ()  # GPUs whose agent says why it cannot apply the layout (ResetRequired, ...)
 
 
 def _applied(fleet: Fleet, node: NodeDecision, decision: GpuDecision) -> bool:
@@ -47,6 +48,23 @@ def _applied(fleet: Fleet, node: NodeDecision, decision: GpuDecision) -> bool:
         return False
     gpu = status.gpu(decision.uuid)
     return gpu is not None and gpu.applied and gpu.strategy == (decision.target.strategy if decision.target else None)
+
+
+def _blocked(fleet: Fleet, node: NodeDecision, decision: GpuDecision) -> str | None:
+    """Why the agent does not apply the wanted layout, when its report for the current NodeLayout
+    generation says so (``ResetRequired``: an Ampere GPU needs a reset; ``InstanceInUse``...).
+    Without it a policy would say Applying forever while the agent waits for a person."""
+    if not decision.settled:
+        return None
+    view = fleet.nodes.get(node.node)
+    layout = view.layout if view is not None else None
+    status = layout.status if layout is not None else None
+    if layout is None or status is None or status.observed_generation != layout.metadata.generation:
+        return None
+    gpu = status.gpu(decision.uuid)
+    if gpu is None or gpu.applied or not gpu.message:
+        return None
+    return f"{node.node} GPU {decision.index}: {gpu.message}"
 
 
 def _selector_errors(policy: str, decision: NodeDecision) -> list[str]:
@@ -72,6 +90,7 @@ def tally(
     draining: list[str] = []
     timed_out: list[str] = []
     missing: list[str] = []
+    blocked: list[str] = []
     for decision in sorted(decisions, key=lambda d: d.node):
         conflicts.extend(decision.plan.conflicts_of(policy))
         missing.extend(m.describe() for m in decision.missing if m.policy == policy)
@@ -90,9 +109,11 @@ def tally(
                 (timed_out if gpu.drain.timed_out else draining).append(gpu.drain.describe())
             if not spec_pending.get(decision.node, False) and _applied(fleet, decision, gpu):
                 applied += 1
+            elif not spec_pending.get(decision.node, False) and (why := _blocked(fleet, decision, gpu)):
+                blocked.append(why)
     return PolicyTally(
         len(nodes), gpus, applied, devices, tuple(conflicts), tuple(dict.fromkeys(errors)), tuple(draining),
-        tuple(timed_out), tuple(missing),
+        tuple(timed_out), tuple(missing), tuple(blocked),
     )
 
 
@@ -116,6 +137,8 @@ def policy_status(policy: SharingPolicy, t: PolicyTally, previous: SharingPolicy
             conditions, "Degraded", True, "DrainTimeout",
             f"drain timed out, still waiting for {_first(t.timed_out)}", generation,
         )
+    elif t.blocked:
+        conditions = set_condition(conditions, "Degraded", True, "ApplyBlocked", _first(t.blocked), generation)
     else:
         conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", generation)
 
@@ -137,7 +160,8 @@ def policy_status(policy: SharingPolicy, t: PolicyTally, previous: SharingPolicy
     elif t.applied == t.gpus:
         reason, message, ready = "Applied", f"{t.applied}/{where}", True
     else:
-        reason = "Degraded" if t.errors or t.timed_out or t.missing else ("Draining" if waiting else "Applying")
+        degraded = t.errors or t.timed_out or t.missing or t.blocked
+        reason = "Degraded" if degraded else ("Draining" if waiting else "Applying")
         message, ready = f"{t.applied}/{where} applied", False
     conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
     order = {"Ready": 0, "Progressing": 1, "Degraded": 2}
