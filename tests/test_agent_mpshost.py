@@ -102,3 +102,27 @@ def test_without_a_host_the_agent_says_which_pod_to_look_for(tmp_path: Path) -> 
     with pytest.raises(BackendTimeoutError, match="tessera-mps-host DaemonSet's Pod running on this node"):
         agent.start("GPU-d")
     assert not (tmp_path / "mps" / "GPU-d" / LAUNCH_REQUEST).exists(), "no request is left for a host that starts later"
+
+
+def test_tessera_mps_host_serves_requests_until_sigterm(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = tmp_path / "mps"
+    host = subprocess.Popen([sys.executable, "-m", "tessera", "mps-host", "--mps-root", str(root), "--log-json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "TESSERA_LOG_LEVEL": "info"})
+    try:
+        agent = agent_daemons(root, NoDetachRunner(), timeout=20)
+        pipe, _ = agent.start("GPU-e", MpsDefaults(active_thread_percentage=10))
+        assert control(pipe, "get_default_active_thread_percentage") == ["10.0"]
+        host.send_signal(signal.SIGTERM)
+        out, _ = host.communicate(timeout=20)
+        assert host.returncode == 0, out
+        assert b'"event": "started an MPS daemon"' in out
+    finally:
+        if host.poll() is None:
+            host.kill()
+        MpsDaemons(root, STANDIN_MPS_CONTROL).kill_all()
