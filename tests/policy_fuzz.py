@@ -301,5 +301,5 @@ def log_problems(log_text: str) -> list[str]:
         lowered = line.lower()
         if ("traceback" in lowered or '"exception"' in lowered or '"level": "error"' in lowered
                 or '"level": "critical"' in lowered or '"level":"error"' in lowered):
-            bad.append(line[:500])
+            bad.append(line[:500] + (f" ... {line[-800:]}" if len(line) > 500 else ""))
     return bad

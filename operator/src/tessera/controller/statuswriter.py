@@ -23,6 +23,7 @@ from prometheus_client import Counter
 from tessera.controller.decide import NodeDecision
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.state import Fleet
+from tessera.kube.http import ApiError
 from tessera.models.policy import SharingPolicyStatus
 
 log = structlog.get_logger("tessera.operator")
@@ -85,7 +86,12 @@ class PolicyStatusWriter:
             self._pass_cost += time.perf_counter() - started
             if previous is not None and status == previous:
                 continue
-            await self._patch_status(name, status.to_kube())
+            try:
+                await self._patch_status(name, status.to_kube())
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+                continue  # deleted since the view last saw it (its DELETED event is on its way): nothing to report
             body["status"] = status.to_kube()
             for type_, reason, message in transitions(previous, status):
                 await self._post_event(body, type_, reason, message)
