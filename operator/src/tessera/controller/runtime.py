@@ -56,6 +56,10 @@ DRAINING = Gauge("tessera_operator_draining_gpus", "GPUs waiting for claims to r
 MISSING = Gauge(
     "tessera_operator_claims_on_missing_devices", "Allocated claim devices that their node no longer has"
 )
+DEGRADED = Gauge(
+    "tessera_operator_policy_degraded", "SharingPolicies whose Degraded condition is True, by reason",
+    ["policy", "reason"],
+)
 CLAIM_READS = Counter("tessera_operator_claim_reads_total", "Direct reads of every ResourceClaim for a handover")
 
 DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims read that may clear it
@@ -508,6 +512,17 @@ class Controller:
         pending = {node: d.epoch < self.policy_epoch for node, d in self.decisions.items()}
         decisions = list(self.decisions.values())
         self._pass_cost = 0.0
+        degraded: set[tuple[str, str]] = set()
+        try:
+            await self._write_each_policy_status(decisions, pending, degraded)
+        finally:
+            DEGRADED.clear()
+            for policy_name, reason in sorted(degraded):
+                DEGRADED.labels(policy_name, reason).set(1)
+
+    async def _write_each_policy_status(
+        self, decisions: list[NodeDecision], pending: dict[str, bool], degraded: set[tuple[str, str]]
+    ) -> None:
         for name, body in sorted(self.fleet.policy_bodies.items()):
             policy = self.fleet.policies.get(name)
             if policy is None:
@@ -520,6 +535,7 @@ class Controller:
             started = time.perf_counter()
             status = policy_status(policy, tally(self.fleet, name, decisions, pending), previous)
             self._pass_cost += time.perf_counter() - started
+            degraded.update((name, c.reason) for c in status.conditions if c.type == "Degraded" and c.status == "True")
             if previous is not None and status == previous:
                 continue
             await self._write("sharingpolicy/status", self.api.patch_policy_status(name, status.to_kube()))
