@@ -122,9 +122,11 @@ async def test_kubectl_finds_the_plugin_on_path_and_kubectl_tessera_status_names
     assert holder.endswith(f"<- {namespace}/{claim['metadata']['name']}"), out.stdout
     other = next(line for line in lines if line.split()[0] in {"gpu-0", "gpu-1"} - {held["device"]})
     assert other.endswith("free"), out.stdout
-    plan = await asyncio.to_thread(run, "tessera", "plan", "--policy", str(ROOT / "examples" / "policies"
-                                                                              / "h100-inference.yaml"),
-                                   "--inventory", str(ROOT / "examples" / "inventory.yaml"))
-    assert plan.returncode == 0, plan.stderr
-    assert "h100-inference" in plan.stdout
+    plan_args = ["plan", "--policy", str(ROOT / "examples" / "policies" / "h100-inference.yaml"),
+                 "--inventory", str(ROOT / "examples" / "inventory.yaml")]
+    plugin = await asyncio.to_thread(run, "tessera", *plan_args)
+    direct = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "tessera", *plan_args],
+                                     capture_output=True, text=True, timeout=120, check=False)
+    assert "h100-inference" in plugin.stdout
+    assert (plugin.returncode, plugin.stdout) == (direct.returncode, direct.stdout), "the plugin is tessera plan"
     delete_pod_now(cluster, namespace, "trainer")
