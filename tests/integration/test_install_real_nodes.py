@@ -268,9 +268,11 @@ async def test_the_chart_takes_over_the_kubectl_install_and_nothing_allocated_is
                     f"meta.helm.sh/release-namespace={INSTALL_NAMESPACE}", "--overwrite")
     started = time.monotonic()
     with AvailabilityWatch(cluster, before) as watch:
-        # --force-conflicts: the release takes over the fields `kubectl apply --server-side` owned.
+        # --server-side=false: Helm patches (a three-way merge) instead of applying server-side, so
+        # the fields kubectl's apply owns are no conflict, now or in later upgrades ("auto" keeps
+        # the release's method).
         out = helm("upgrade", "--install", RELEASE, str(CHART), "-n", INSTALL_NAMESPACE, *SIMULATED_VALUES,
-                   "--force-conflicts", "--wait", "--timeout", "4m", kubeconfig=cluster.kubeconfig).stdout
+                   "--server-side=false", "--wait", "--timeout", "4m", kubeconfig=cluster.kubeconfig).stdout
         await wait_for(lambda: running_and_ready(agent_pod(cluster)), timeout=120, interval=1,
                        message="the chart's agent Pod Ready")
         await asyncio.sleep(5)  # the agent's first passes, while the watch keeps sampling

@@ -37,6 +37,7 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
+from tessera.controller.fleetmetrics import fleet_figures
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice_stub
 from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
@@ -60,6 +61,8 @@ DEGRADED = Gauge(
     "tessera_operator_policy_degraded", "SharingPolicies whose Degraded condition is True, by reason",
     ["policy", "reason"],
 )
+GPUS = Gauge("tessera_operator_gpus", "GPUs on Tessera's nodes, by the sharing strategy applied", ["strategy"])
+DEVICES = Gauge("tessera_operator_devices", "Published devices, allocated to a claim or free", ["state"])
 CLAIM_READS = Counter("tessera_operator_claim_reads_total", "Direct reads of every ResourceClaim for a handover")
 
 DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims read that may clear it
@@ -519,6 +522,12 @@ class Controller:
             DEGRADED.clear()
             for policy_name, reason in sorted(degraded):
                 DEGRADED.labels(policy_name, reason).set(1)
+            figures = fleet_figures(self.fleet, decisions)
+            GPUS.clear()
+            for strategy, count in figures.gpus_by_strategy.items():
+                GPUS.labels(strategy).set(count)
+            DEVICES.labels("allocated").set(figures.devices_allocated)
+            DEVICES.labels("free").set(figures.devices_free)
 
     async def _write_each_policy_status(
         self, decisions: list[NodeDecision], pending: dict[str, bool], degraded: set[tuple[str, str]]
