@@ -12,8 +12,8 @@ from prometheus_client import REGISTRY
 from tessera.controller.decide import NodeDecision, decide_node
 from tessera.controller.fleetmetrics import fleet_figures
 from tessera.controller.runtime import Controller
-from tessera.kube.objects import Api
 from tessera.controller.state import Fleet
+from tessera.kube.objects import Api
 from tessera.models.policy import Strategy
 from tests.controller_fleet import claim_body, fleet_of, policy_body
 from tests.dra_gpus import gpu
