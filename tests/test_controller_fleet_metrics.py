@@ -5,15 +5,14 @@ policy and reason, gone once it is fixed), ``tessera_operator_gpus`` per strateg
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import REGISTRY
 
 from tessera.controller.decide import NodeDecision, decide_node
 from tessera.controller.fleetmetrics import fleet_figures
-from tessera.controller.runtime import Controller
 from tessera.controller.state import Fleet
-from tessera.kube.objects import Api
+from tessera.controller.statuswriter import PolicyStatusWriter
 from tessera.models.policy import Strategy
 from tests.controller_fleet import claim_body, fleet_of, policy_body
 from tests.dra_gpus import gpu
@@ -22,12 +21,12 @@ TIME_SLICED = {"strategy": "TimeSlicing", "timeSlicing": {"replicas": 4}}
 
 
 class StatusApi:
-    """Records the status patches and events a status pass writes."""
+    """Records the status patches a status pass writes."""
 
     def __init__(self) -> None:
         self.patches: list[tuple[str, dict[str, Any]]] = []
 
-    async def patch_policy_status(self, name: str, status: dict[str, Any]) -> None:
+    async def patch_status(self, name: str, status: dict[str, Any]) -> None:
         self.patches.append((name, status))
 
     async def post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
@@ -63,11 +62,11 @@ async def test_a_degraded_policy_is_one_series_until_it_is_fixed() -> None:
                           **TIME_SLICED)
     healthy = policy_body("fine", nodeSelector={"matchLabels": {"a": "b"}}, **TIME_SLICED)
     api = StatusApi()
-    controller = Controller(cast(Api, api))
-    controller.fleet = fleet_of([gpu(0)], policies=[failing, healthy], claims=[claim_body("a", ["gpu-0"])])
-    controller.decisions = {d.node: d for d in _decisions(controller.fleet)}
+    fleet = fleet_of([gpu(0)], policies=[failing, healthy], claims=[claim_body("a", ["gpu-0"])])
+    decisions = {d.node: d for d in _decisions(fleet)}
+    writer = PolicyStatusWriter(fleet, decisions, api.patch_status, api.post_event)
 
-    await controller.write_policy_statuses()
+    await writer.write_all()
 
     assert _degraded("broken", "PlanFailed") == 1.0
     assert REGISTRY.get_sample_value("tessera_operator_gpus", {"strategy": "Exclusive"}) == 1.0
@@ -76,7 +75,7 @@ async def test_a_degraded_policy_is_one_series_until_it_is_fixed() -> None:
     assert _degraded("fine", "PlanFailed") is None
     assert {name for name, _ in api.patches} == {"broken", "fine"}
 
-    controller.fleet.set_policy(policy_body("broken", generation=2, **TIME_SLICED))
-    controller.decisions.clear()
-    await controller.write_policy_statuses()
+    fleet.set_policy(policy_body("broken", generation=2, **TIME_SLICED))
+    decisions.clear()
+    await writer.write_all()
     assert _degraded("broken", "PlanFailed") is None
