@@ -79,3 +79,31 @@ async def test_a_degraded_policy_is_one_series_until_it_is_fixed() -> None:
     decisions.clear()
     await writer.write_all()
     assert _degraded("broken", "PlanFailed") is None
+
+
+def _request_claim(name: str, *, exactly: str | None = None, first: tuple[str, ...] = ()) -> dict[str, Any]:
+    request: dict[str, Any] = {"name": "gpu"}
+    if exactly:
+        request["exactly"] = {"deviceClassName": exactly}
+    if first:
+        request["firstAvailable"] = [{"name": f"alt{i}", "deviceClassName": c} for i, c in enumerate(first)]
+    return {"metadata": {"name": name, "namespace": "default"}, "spec": {"devices": {"requests": [request]}},
+            "status": {}}
+
+
+def test_pending_claims_are_the_unallocated_ones_on_tesseras_classes_and_the_gauge_follows_them() -> None:
+    fleet = Fleet()
+    # The operator's status writer binds the gauge to its fleet.
+    PolicyStatusWriter(fleet, {}, StatusApi().patch_status, StatusApi().post_event)
+    fleet.set_claim(_request_claim("mig", exactly="mig.tessera.dev"))
+    fleet.set_claim(_request_claim("either", first=("example.com-gpu", "high-memory-gpu")))
+    fleet.set_claim(_request_claim("not-ours", exactly="example.com-gpu"))
+    assert fleet.pending_claims == {"default/mig", "default/either"}
+    assert REGISTRY.get_sample_value("tessera_operator_pending_claims") == 2.0
+
+    allocated = _request_claim("mig", exactly="mig.tessera.dev")
+    allocated["status"] = claim_body("mig", ["gpu-0"])["status"]
+    fleet.set_claim(allocated)
+    fleet.remove_claim("default", "either")
+    assert fleet.pending_claims == set()
+    assert REGISTRY.get_sample_value("tessera_operator_pending_claims") == 0.0

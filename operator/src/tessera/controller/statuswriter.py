@@ -8,7 +8,7 @@ differs is written, with an Event for each condition that changed. The policies'
 up whenever what a policy asks for changes; a node decided in an older epoch does not count
 as applied. After each pass it exports what the chart's alerts and dashboard read: the Degraded
 policies (``tessera_operator_policy_degraded``), GPUs per strategy and devices allocated and free
-(``fleetmetrics``).
+(``fleetmetrics``); the pending claims' gauge is read from the fleet whenever it is scraped.
 Not for: computing a status (``policystatus``, pure) or the decisions it counts (``decide``).
 """
 
@@ -37,6 +37,9 @@ DEGRADED = Gauge(
 )
 GPUS = Gauge("tessera_operator_gpus", "GPUs on Tessera's nodes, by the sharing strategy applied", ["strategy"])
 DEVICES = Gauge("tessera_operator_devices", "Published devices, allocated to a claim or free", ["state"])
+PENDING_CLAIMS = Gauge(
+    "tessera_operator_pending_claims", "ResourceClaims on Tessera's DeviceClasses not allocated yet (read when scraped)"
+)
 
 PatchStatus = Callable[[str, dict[str, Any]], Awaitable[object]]
 PostEvent = Callable[[dict[str, Any], str, str, str], Awaitable[object]]
@@ -54,6 +57,7 @@ class PolicyStatusWriter:
         self.epoch = 0  # goes up whenever what a policy asks for changes
         self._dirty = asyncio.Event()
         self._pass_cost = 0.0  # seconds the last pass spent computing
+        PENDING_CLAIMS.set_function(lambda: len(fleet.pending_claims))  # follows every claim event
 
     def policies_changed(self) -> None:
         self.epoch += 1
