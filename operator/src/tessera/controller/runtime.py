@@ -37,6 +37,7 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
+from tessera.controller.demand import PODS, AdaptiveDemand, pod_stub
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice_stub
 from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
@@ -130,6 +131,7 @@ class Controller:
         self._watches: list[ListWatch] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self.ready = asyncio.Event()
+        self.demand = AdaptiveDemand(self, lambda *event: self._write("event", api.post_event(*event)))
 
     # -- queue -----------------------------------------------------------------------------
 
@@ -177,11 +179,13 @@ class Controller:
             self.fleet.set_policy(body)
         for body in await self._list_until_answered(CLAIMS):
             self.fleet.set_claim(body)
+            self.demand.claim_seen("ADDED", body)
         client = self.api.client
         self._watches = [
             ListWatch(client, *SLICES, self.slice_seen, label_selector=OURS, stub=slice_stub),
             ListWatch(client, *NODES, self.node_seen),
             ListWatch(client, *LAYOUTS, self.layout_seen),
+            ListWatch(client, *PODS, self.demand.pod_seen, stub=pod_stub),  # adaptive layouts' demand
         ]
         for watch in self._watches:  # in this order: the slices are known before the nodes are
             watch.start()
@@ -198,6 +202,7 @@ class Controller:
             *(asyncio.create_task(self._work(), name=f"tessera-reconcile-{i}") for i in range(self.workers)),
             asyncio.create_task(self._write_statuses(), name="tessera-policy-status"),
         ]
+        self.demand.start()
         self.ready.set()
 
     async def _list_until_answered(self, resource: tuple[str, str, str]) -> list[dict[str, Any]]:
@@ -215,6 +220,7 @@ class Controller:
         raise AssertionError("unreachable")
 
     async def stop(self) -> None:
+        await self.demand.stop()
         for watch in self._watches:
             await watch.stop()
         for timer in self._timers.values():
@@ -468,6 +474,7 @@ class Controller:
             nodes = self.fleet.remove_claim(str(meta.get("namespace", "")), str(meta["name"]))
         else:
             nodes = self.fleet.set_claim(body)
+        self.demand.claim_seen(event_type, body)
         self.enqueue(*sorted(nodes))
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:
@@ -518,7 +525,8 @@ class Controller:
             except ValueError:
                 previous = None
             started = time.perf_counter()
-            status = policy_status(policy, tally(self.fleet, name, decisions, pending), previous)
+            status = self.demand.with_status(policy, policy_status(policy, tally(self.fleet, name, decisions, pending),
+                                                                  previous))
             self._pass_cost += time.perf_counter() - started
             if previous is not None and status == previous:
                 continue
