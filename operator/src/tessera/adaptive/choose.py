@@ -157,6 +157,8 @@ def plan_recuts(
     waiting: list[str] = []
     unsatisfiable: list[Unsatisfiable] = []
     fresh_fits: dict[tuple[object, ...], tuple[bool, Fraction]] = {}
+    no_option: set[object] = set()  # claim shapes no new recut can serve in this pass
+    never: dict[object, str | None] = {}  # claim shape -> why nothing could ever serve it
 
     for claim in pending:
         # 1. What this plan's recuts leave over.
@@ -173,9 +175,10 @@ def plan_recuts(
                 break
         if done:
             continue
-        # 2. New recuts: the fewest GPUs, then the least fragmentation.
+        # 2. New recuts: the fewest GPUs, then the least fragmentation. A shape that found no
+        # option finds none later in the pass either (planning only takes GPUs away).
         best: tuple[tuple[object, ...], str, list[AdaptiveGpu], MenuOption] | None = None
-        for node, node_gpus in sorted(by_node.items()):
+        for node, node_gpus in sorted(by_node.items()) if claim.shape not in no_option else ():
             base = [*node_free.get(node, []), *leftover.get(node, [])]
             for policy_name in sorted({g.policy.name for g in node_gpus}):
                 idle = [
@@ -212,7 +215,10 @@ def plan_recuts(
             leftover[node] = slots[own:]
             continue
         # 3. Waits, or can never be satisfied.
-        why = _never_satisfiable(claim, gpus, menus, classes)
+        no_option.add(claim.shape)
+        if claim.shape not in never:
+            never[claim.shape] = _never_satisfiable(claim, gpus, menus, classes)
+        why = never[claim.shape]
         if why is None:
             waiting.append(claim.key)
         else:
@@ -283,7 +289,7 @@ def _never_satisfiable(
                 "change the request or add a layout that fits it"
             )
     return (
-        f"the requests of {claim.key} fit no layout in {where} together (constraints "
+        f"the claim's requests fit no layout in {where} together (constraints "
         f"{', '.join(c.match_attribute or c.distinct_attribute or '?' for c in claim.constraints) or 'none'})"
     )
 
