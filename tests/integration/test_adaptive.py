@@ -74,13 +74,15 @@ async def test_an_idle_gpu_is_recut_for_a_waiting_claim_and_the_scheduler_alloca
     results = await wait_for(lambda: allocated_devices(cluster, namespace, "slice"), timeout=90,
                              message="the 3g claim allocated after a recut")
     device = str(results[0]["device"])
-    assert device.startswith("gpu-") and "-mig-3g-40gb-" in device
+    assert device.startswith("gpu-")
+    assert "-mig-3g-40gb-" in device
     assert device in node_devices(cluster, node)
     claim = claim_of(cluster, namespace, "slice")
     assert claim is not None
     name = claim["metadata"]["name"]
     recut_events = claim_events(cluster, namespace, name, "AdaptiveRecut")
-    assert len(recut_events) == 1 and "halves" in recut_events[0]["message"]
+    assert len(recut_events) == 1
+    assert "halves" in recut_events[0]["message"]
     devices = node_devices(cluster, node)
     assert len(whole_gpus(devices)) == 1, "the cap: one GPU recut, the other left whole"
 
@@ -100,7 +102,8 @@ async def test_an_idle_gpu_is_recut_for_a_waiting_claim_and_the_scheduler_alloca
     warnings = await wait_for(lambda: claim_events(cluster, namespace, huge_name, "NoAdaptiveLayoutFits"),
                               timeout=60, message="a Warning that nothing can satisfy the claim")
     assert warnings[0]["type"] == "Warning"
-    assert "request 'gpu'" in warnings[0]["message"] and "menus of adaptive" in warnings[0]["message"]
+    assert "request 'gpu'" in warnings[0]["message"]
+    assert "menus of adaptive" in warnings[0]["message"]
     before = node_devices(cluster, node)
     await asyncio.sleep(6)  # six passes of the demand loop
     assert len(claim_events(cluster, namespace, huge_name, "NoAdaptiveLayoutFits")) == 1
