@@ -72,8 +72,8 @@ spec:
     assert code == 2
     assert f"{policy}: SharingPolicy bad is invalid:" in err
     assert (
-        "spec.strategy: Input should be 'Exclusive', 'MIG', 'DynamicMIG', 'TimeSlicing', 'MPS' or 'Adaptive' (got 'Mig')"
-        in err
+        "spec.strategy: Input should be 'Exclusive', 'MIG', 'DynamicMIG', 'TimeSlicing', 'MPS' or 'Adaptive' "
+        "(got 'Mig')" in err
     )
     assert "spec.mig: spec.mig needs exactly one of profiles or preset" in err
 
