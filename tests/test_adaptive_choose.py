@@ -168,14 +168,30 @@ def test_later_claims_pack_into_what_a_recut_leaves_before_another_gpu_is_cut() 
     assert set(plan.placed) == {c.key for c in pending}
 
 
-def test_the_least_fragmenting_layout_wins_among_equal_recut_counts() -> None:
-    gpus = adaptive_gpus(1, current="whole")
-    # A 1g claim fits both 'slices' (seven 1g) and nothing else that has a 1g.10gb; with 3g
-    # claims seen lately, the score rates what each layout leaves free.
-    recent_3g = [demand(f"r{i}", MIG_3G) for i in range(3)]
+def test_among_equal_recut_counts_the_layout_that_also_hosts_the_next_claims_wins() -> None:
+    gpus = adaptive_gpus(2, current="whole")
+    # Any MIG partition fits both 'slices' (seven 1g) and 'halves' (two 3g); only 'halves' also
+    # takes the 3g claim waiting behind it, so one GPU is recut for both.
     any_mig = exactly("mig.tessera.dev")
-    plan = plan_recuts([demand("m", any_mig)], gpus, CLASSES, {"adaptive": 1}, recent=recent_3g)
-    assert plan.recuts[0].layout == "halves"  # the other 3g stays of use; six free 1g would be of none
+    plan = plan_recuts([demand("m", any_mig), demand("big", MIG_3G)], gpus, CLASSES, {"adaptive": 2})
+    assert [(r.layout, r.claims) for r in plan.recuts] == [("halves", ("team-a/m", "team-a/big"))]
+    assert plan.fragmentation == 0
+
+
+def test_fragmentation_breaks_the_tie_when_the_queue_says_nothing() -> None:
+    menu = SharingPolicy.model_validate({"metadata": {"name": "adaptive"}, "spec": {
+        "strategy": "Adaptive", "adaptive": {"idle": "whole", "layouts": [
+            {"name": "whole"},
+            {"name": "balanced", "strategy": "MIG", "mig": {"preset": "all-balanced"}},
+            {"name": "halves", "strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}},
+        ]}}})
+    gpus = adaptive_gpus(1, current="whole", pol=menu)
+    # The claim takes a 1g or a 3g. On 'balanced' (first on the menu) it leaves a 2g that no
+    # claim seen could use (2/8 of a GPU); on 'halves' it leaves a 3g that they could.
+    one_or_three = exactly("mig.tessera.dev", selectors=(
+        'device.attributes["gpu.tessera.dev"].migProfile in ["1g.10gb", "3g.40gb"]',))
+    plan = plan_recuts([demand("m", one_or_three)], gpus, CLASSES, {"adaptive": 1}, recent=[demand("r", MIG_3G)])
+    assert plan.recuts[0].layout == "halves"
     assert plan.fragmentation == 0
 
 

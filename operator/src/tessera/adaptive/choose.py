@@ -10,14 +10,15 @@ The rule, claim by claim, oldest first:
 2. Else every option is tried: on every node, for every menu layout of a policy there, the
    fewest of that policy's recuttable GPUs (``k`` = 1, 2, …) recut to that layout that let the
    claim fit together with the node's free devices. The option chosen is the least by
-   ``(k, fragmentation, node, GPU index)``; its GPUs join the plan and the claim's devices are
-   taken from them.
+   ``(k, -hosted, fragmentation, node, GPU index, menu order)``, where ``hosted`` counts how
+   many of the next waiting claims (up to :data:`LOOKAHEAD`) the option's leftover would also
+   take; its GPUs join the plan and the claim's devices are taken from them.
 3. Else the claim waits (no GPU free, or the cap reached) — unless no layout of any menu on
    any adaptive GPU could ever satisfy it, GPUs idle and recut at will: then it is
    :class:`Unsatisfiable`, with the request that fits nowhere named.
 
-So the most claims are placed with the fewest GPUs recut, and ties go to the least
-fragmentation. **Fragmentation** (:func:`fragmentation`) is the GPU capacity the plan leaves
+So the most claims are placed with the fewest GPUs recut (each recut chosen to host as many
+of the waiting claims as it can), and ties go to the least fragmentation. **Fragmentation** (:func:`fragmentation`) is the GPU capacity the plan leaves
 free that the demand seen recently could not use: for every device of the recut GPUs, the
 share of its GPU still free on it (1 for a whole GPU, slices/8 for a MIG instance, times the
 free part of a shared device's limiting capacity) counts when no claim shape in ``recent``
@@ -43,6 +44,7 @@ from tessera.models.layout import GpuStatus
 from tessera.models.policy import SharingPolicy
 
 ClassSelectors = Mapping[str, Sequence[str]]
+LOOKAHEAD = 16  # waiting claims after the one being placed that an option is scored on
 
 
 @dataclass(frozen=True)
@@ -156,11 +158,12 @@ def plan_recuts(
     placed: dict[str, tuple[str, ...]] = {}
     waiting: list[str] = []
     unsatisfiable: list[Unsatisfiable] = []
-    fresh_fits: dict[tuple[object, ...], tuple[bool, Fraction]] = {}
+    fresh_fits: dict[tuple[object, ...], tuple[int, Fraction] | None] = {}
     no_option: set[object] = set()  # claim shapes no new recut can serve in this pass
     never: dict[object, str | None] = {}  # claim shape -> why nothing could ever serve it
 
-    for claim in pending:
+    for position, claim in enumerate(pending):
+        following = [c for c in pending[position + 1:position + 1 + LOOKAHEAD] if c.key not in placed]
         # 1. What this plan's recuts leave over.
         done = False
         for node in sorted(leftover):
@@ -188,15 +191,17 @@ def plan_recuts(
                 cap = min(len(idle), left.get(policy_name, 0))
                 if cap <= 0:
                     continue
-                for option in menus.options(idle[0].policy, idle[0].gpu):
+                for rank, option in enumerate(menus.options(idle[0].policy, idle[0].gpu)):
                     for k in range(1, cap + 1):
                         chosen = idle[:k]
                         if all(g.current == option.layout_name for g in chosen):
                             continue  # nothing to recut: such a GPU would serve the claim already
-                        verdict = _try(claim, base, chosen, option, menus, classes, shapes, fresh_fits)
+                        verdict = _try(position, claim, following, base, chosen, option, menus, classes, shapes,
+                                       fresh_fits)
                         if verdict is None:
                             continue
-                        cost = (k, verdict, node, chosen[0].gpu.index, option.layout_name)
+                        hosted, score = verdict
+                        cost = (k, -hosted, score, node, chosen[0].gpu.index, rank)
                         if best is None or cost < best[0]:
                             best = (cost, node, chosen, option)
                         break
@@ -241,35 +246,40 @@ def _place(claim: ClaimDemand, slots: list[Slot], classes: ClassSelectors) -> se
 
 
 def _try(
+    position: int,
     claim: ClaimDemand,
+    following: Sequence[ClaimDemand],
     base: list[Slot],
     chosen: list[AdaptiveGpu],
     option: MenuOption,
     menus: MenuCache,
     classes: ClassSelectors,
     shapes: Sequence[ClaimDemand],
-    memo: dict[tuple[object, ...], tuple[bool, Fraction]],
-) -> Fraction | None:
-    """The fragmentation ``claim`` leaves when ``chosen`` are recut to ``option`` beside
-    ``base``, or None when it does not fit. Without ``base``, the answer depends only on the
-    GPUs' model, the layout and how many, so it is remembered across nodes."""
+    memo: dict[tuple[object, ...], tuple[int, Fraction] | None],
+) -> tuple[int, Fraction] | None:
+    """None when ``claim`` does not fit ``chosen`` recut to ``option`` beside ``base``; else how
+    many of the ``following`` waiting claims the rest would also host (first fit, in order),
+    and the fragmentation of the recut GPUs after them. Without ``base`` the answer depends
+    only on the claim's place in the queue, the GPUs' model, the layout and how many, so it is
+    remembered across nodes."""
     key: tuple[object, ...] | None = None
     if not base:
-        key = (claim.shape, chosen[0].policy.name, option.layout_name, _model_key(chosen[0].gpu), len(chosen))
+        key = (position, chosen[0].policy.name, option.layout_name, _model_key(chosen[0].gpu), len(chosen))
         if key in memo:
-            fits, score = memo[key]
-            return score if fits else None
+            return memo[key]
     slots = [s.copy() for s in base]
     for g in chosen:
         opt = next((o for o in menus.options(g.policy, g.gpu) if o.layout_name == option.layout_name), None)
         if opt is None:
             return None
         slots.extend(slots_of(opt.devices))
-    fits = fit(claim, slots, classes, consume=True) is not None
-    score = fragmentation(slots[len(base):], shapes, classes) if fits else Fraction(0)
+    verdict: tuple[int, Fraction] | None = None
+    if fit(claim, slots, classes, consume=True) is not None:
+        hosted = sum(1 for other in following if fit(other, slots, classes, consume=True) is not None)
+        verdict = (hosted, fragmentation(slots[len(base):], shapes, classes))
     if key is not None:
-        memo[key] = (fits, score)
-    return score if fits else None
+        memo[key] = verdict
+    return verdict
 
 
 def _never_satisfiable(
@@ -318,3 +328,17 @@ def _fits_somewhere(claim: ClaimDemand, gpus: Sequence[AdaptiveGpu], menus: Menu
             if fit(claim, slots, classes) is not None:
                 return True
     return False
+
+
+def back_to_idle(gpus: Sequence[AdaptiveGpu], plan: RecutPlan) -> list[AdaptiveGpu]:
+    """GPUs to return to their policy's idle layout: recuttable (so free and past their
+    cooldown), on another menu layout, and not just planned for a claim by ``plan``. The
+    cooldown is what keeps alternating demand from flapping a GPU: at most one recut each way
+    per cooldown."""
+    planned = {r.gpu for r in plan.recuts}
+    out = []
+    for g in gpus:
+        adaptive = g.policy.spec.adaptive
+        if adaptive is not None and g.recuttable and g.current != adaptive.idle and g.gpu.uuid not in planned:
+            out.append(g)
+    return out

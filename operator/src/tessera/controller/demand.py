@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, plan_recuts
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors
 from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
@@ -275,11 +275,9 @@ class AdaptiveDemand:
                 self.warned.add(uid)
                 log.warning("no adaptive layout can satisfy a claim", claim=never.claim, why=never.message)
                 await self._tell(never.claim, "Warning", "NoAdaptiveLayoutFits", never.message)
-        planned = {r.gpu for r in plan.recuts}
-        for gpu in gpus:  # back to idle: free, cooled down, and not just planned for a claim
-            idle = gpu.policy.spec.adaptive.idle if gpu.policy.spec.adaptive else None
-            if idle is None or gpu.current == idle or not gpu.recuttable or gpu.gpu.uuid in planned:
-                continue
+        for gpu in back_to_idle(gpus, plan):
+            assert gpu.policy.spec.adaptive is not None
+            idle = gpu.policy.spec.adaptive.idle
             self.choices[gpu.gpu.uuid] = _Choice(idle, "idle default", now)
             self.controller.fleet.adaptive_choices[gpu.gpu.uuid] = idle
             touched.add(gpu.node)
