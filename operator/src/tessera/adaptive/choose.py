@@ -18,8 +18,9 @@ The rule, claim by claim, oldest first:
    :class:`Unsatisfiable`, with the request that fits nowhere named.
 
 So the most claims are placed with the fewest GPUs recut (each recut chosen to host as many
-of the waiting claims as it can), and ties go to the least fragmentation. **Fragmentation** (:func:`fragmentation`) is the GPU capacity the plan leaves
-free that the demand seen recently could not use: for every device of the recut GPUs, the
+of the waiting claims as it can), and ties go to the least fragmentation.
+**Fragmentation** (:func:`fragmentation`) is the GPU capacity the plan leaves free that the
+demand seen recently could not use: for every device of the recut GPUs, the
 share of its GPU still free on it (1 for a whole GPU, slices/8 for a MIG instance, times the
 free part of a shared device's limiting capacity) counts when no claim shape in ``recent``
 (the claims pending now and lately) fits on that device alone. A GPU cut to 1g slices when
