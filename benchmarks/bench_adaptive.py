@@ -205,7 +205,11 @@ class Simulation:
     # -- the scheduler ----------------------------------------------------------------------
 
     def schedule(self) -> None:
-        for key, (claim, arrived, run) in sorted(self.pending.items(), key=lambda kv: kv[1][1]):
+        blocked: set[object] = set()  # shapes that fit no node in this call: later claims of them neither
+        for key, (claim, arrived, run) in list(self.pending.items()):  # in arrival order
+            if claim.shape in blocked:
+                continue
+            blocked.add(claim.shape)
             for node in self.nodes:
                 if self.failed.get((claim.shape, node)) == self.version[node]:
                     continue
@@ -227,6 +231,7 @@ class Simulation:
                 del self.pending[key]
                 self.waits.append(self.now - arrived)
                 self._at(self.now + run, "depart", key)
+                blocked.discard(claim.shape)
                 break
 
     def release(self, key: str) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
 from tessera.dra.deviceclasses import device_classes
 from tessera.models.devices import parse_device_name
+from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import AdaptiveGpuLayout, SharingPolicy, SharingPolicyStatus, Strategy
 
 log = structlog.get_logger("tessera.operator.adaptive")
@@ -73,7 +75,7 @@ class ControllerView(Protocol):
 class _Choice:
     layout: str
     reason: str
-    since: float  # monotonic time it was chosen (or first seen by this process)
+    since: float  # monotonic time it was chosen (-inf: before this process knew the GPU)
 
 
 PODS = ("", "v1", "pods")
@@ -84,6 +86,15 @@ def _gpu_index(device: str) -> int | None:
         return parse_device_name(device).gpu_index
     except ValueError:
         return None
+
+
+def _has_layout(gpu: GpuStatus, layout: GpuLayout | None) -> bool:
+    """The agent reports ``layout`` applied: its strategy, sharing and MIG instances."""
+    if layout is None or not gpu.applied:
+        return False
+    have = sorted((i.profile, i.start) for i in gpu.mig_instances if not i.dynamic)
+    want = sorted((p.profile, p.start) for p in layout.mig_instances)
+    return (gpu.strategy, gpu.mig_sharing, have) == (layout.strategy, layout.mig_sharing, want)
 
 
 def pod_stub(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -215,7 +226,7 @@ class AdaptiveDemand:
                 continue
             held = fleet.holders(node)
             status = view.layout.status
-            settled = {g.uuid: g.settled for g in decision.gpus}
+            decided = {g.uuid: g for g in decision.gpus}
             for plan in decision.plan.for_node(node):
                 policy = policies.get(plan.policy or "")
                 if policy is None or policy.spec.adaptive is None:
@@ -224,14 +235,16 @@ class AdaptiveDemand:
                 spec = view.layout.spec.for_gpu(gpu.uuid)
                 current = spec.menu_layout if spec is not None and spec.menu_layout else policy.spec.adaptive.idle
                 choice = self.choices.get(gpu.uuid)
-                if choice is None:
-                    choice = self.choices[gpu.uuid] = _Choice(current, "idle default" if current ==
-                                                              policy.spec.adaptive.idle else "kept from before", now)
+                if choice is None:  # first seen (or the operator restarted): when it was cut is unknown
+                    why = "idle default" if current == policy.spec.adaptive.idle else "kept from before"
+                    choice = self.choices[gpu.uuid] = _Choice(current, why, -math.inf)
                 reported = status.gpu(gpu.uuid) if status is not None else None
+                wanted = decided.get(gpu.uuid)
                 applying = (
-                    not settled.get(gpu.uuid, False)
+                    wanted is None
+                    or not wanted.settled
                     or reported is None
-                    or not reported.applied
+                    or not _has_layout(reported, wanted.target)
                     or current != choice.layout
                 )
                 if applying:
