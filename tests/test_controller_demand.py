@@ -52,7 +52,8 @@ class View:
         decision = decide_node(self.fleet, NODE, 0.0)
         assert decision is not None
         view = self.fleet.nodes[NODE]
-        assert view.layout is not None and view.layout.status is not None
+        assert view.layout is not None
+        assert view.layout.status is not None
         if decision.spec != view.layout.spec:
             cleared = {g.uuid: g.drain.devices for g in decision.gpus if g.drain is not None and not g.drain.claims}
             decision = decide_node(self.fleet, NODE, 0.0, None, cleared) or decision
@@ -110,7 +111,8 @@ async def test_a_claim_is_demand_only_past_the_debounce_and_then_its_gpu_is_recu
     demand.pod_seen("ADDED", waiting_pod("llm", "llm-0"))
     clock.now += 4
     plan = await demand.run_pass()
-    assert plan is not None and plan.recuts == (), "inside the debounce nothing counts yet"
+    assert plan is not None
+    assert plan.recuts == (), "inside the debounce nothing counts yet"
     clock.now += 2
     plan = await demand.run_pass()
     assert plan is not None
@@ -122,12 +124,15 @@ async def test_a_claim_is_demand_only_past_the_debounce_and_then_its_gpu_is_recu
     # The decision now wants the chosen layout for GPU 0 and keeps GPU 1 whole.
     view.decide()
     wanted = {g.index: g.target for g in view.decisions[NODE].gpus}
-    assert wanted[0] is not None and wanted[0].menu_layout == "halves" and len(wanted[0].mig_instances) == 2
-    assert wanted[1] is not None and wanted[1].menu_layout == "whole"
+    assert wanted[0] is not None
+    assert wanted[0].menu_layout == "halves"
+    assert len(wanted[0].mig_instances) == 2
+    assert wanted[1] is not None
+    assert wanted[1].menu_layout == "whole"
 
 
 async def test_claims_of_other_drivers_and_allocated_claims_are_ignored() -> None:
-    view, demand, clock, _ = setup()
+    _view, demand, _clock, _ = setup()
     other = pending_claim("other", cls="gpu.example.com")
     demand.claim_seen("ADDED", other)
     allocated = claim_body("done", ["gpu-1"], namespace="team-a", pods=["p"])
@@ -145,15 +150,19 @@ async def test_the_cap_counts_recuts_under_way_and_one_warning_goes_to_a_claim_n
     demand.pod_seen("ADDED", waiting_pod("ph", "huge"))
     clock.now += 10
     first = await demand.run_pass()
-    assert first is not None and len(first.recuts) == 1  # c0 and c1 share one GPU cut in halves
+    assert first is not None
+    assert len(first.recuts) == 1
     assert sorted(first.placed) == ["team-a/c0", "team-a/c1"]
     assert first.waiting == ("team-a/c2",)
     view.decide()  # the spec is not applied yet: the recut is under way, so the cap is full
     second = await demand.run_pass()
-    assert second is not None and second.recuts == ()
+    assert second is not None
+    assert second.recuts == ()
     warnings = [e for e in events if e[2] == "NoAdaptiveLayoutFits"]
     assert len(warnings) == 1
-    assert warnings[0][0] == "huge" and warnings[0][1] == "Warning" and "request 'gpu'" in warnings[0][3]
+    assert warnings[0][0] == "huge"
+    assert warnings[0][1] == "Warning"
+    assert "request 'gpu'" in warnings[0][3]
 
 
 async def test_a_gpu_returns_to_idle_only_when_free_and_past_its_cooldown() -> None:
@@ -162,7 +171,8 @@ async def test_a_gpu_returns_to_idle_only_when_free_and_past_its_cooldown() -> N
     demand.pod_seen("ADDED", waiting_pod("p", "c"))
     clock.now += 10
     plan = await demand.run_pass()
-    assert plan is not None and len(plan.recuts) == 1
+    assert plan is not None
+    assert len(plan.recuts) == 1
     # The operator writes the spec, the agent applies it, the scheduler allocates the claim.
     view.decide()
     target = view.decisions[NODE].gpus[0].target
