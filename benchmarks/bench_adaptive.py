@@ -267,8 +267,11 @@ class Simulation:
             plan = first_fit_plan(waiting, gpus, self.menus, left["bench"])
         by_uuid = {g.status.uuid: g for node in self.nodes for g in self.gpus[node]}
         changes = [(r.gpu, r.layout) for r in plan.recuts]
+        # Tessera keeps free GPUs that recent claims could use as warm spares (see back_to_idle);
+        # the first-fit baseline returns every free GPU to the idle layout after its cooldown.
+        spares = (self.recent, CLASSES, self.menus) if self.strategy == "tessera" else ((), None, None)
         changes += [(g.gpu.uuid, self.policy.spec.adaptive.idle)  # type: ignore[union-attr]
-                    for g in back_to_idle(gpus, plan)]
+                    for g in back_to_idle(gpus, plan, *spares)]
         for uuid, layout in changes:
             gpu = by_uuid[uuid]
             gpu.recutting, gpu.layout, gpu.since = True, layout, self.now
@@ -371,8 +374,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--pods", type=int, default=3000)
-    parser.add_argument("--load", type=float, default=1.3, help="offered GPUs / fleet GPUs")
-    parser.add_argument("--warmup", type=float, default=3600.0, help="seconds before the figures count")
+    parser.add_argument("--load", type=float, default=1.5, help="offered GPUs / fleet GPUs (by gpu_milli)")
+    parser.add_argument("--warmup", type=float, default=0.0, help="seconds before the figures count")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--max-recuts", type=int, default=16)
     parser.add_argument("--cooldown", type=float, default=300.0)

@@ -288,7 +288,7 @@ class AdaptiveDemand:
                 self.warned.add(uid)
                 log.warning("no adaptive layout can satisfy a claim", claim=never.claim, why=never.message)
                 await self._tell(never.claim, "Warning", "NoAdaptiveLayoutFits", never.message)
-        for gpu in back_to_idle(gpus, plan):
+        for gpu in back_to_idle(gpus, plan, self.recent, self.classes, self.menus):
             assert gpu.policy.spec.adaptive is not None
             idle = gpu.policy.spec.adaptive.idle
             self.choices[gpu.gpu.uuid] = _Choice(idle, "idle default", now)
