@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, fragmentation, plan_recuts
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors, fit, slot_of
 from tessera.adaptive.layouts import menu_devices, slots_of
 from tessera.dra.deviceclasses import device_classes
@@ -265,3 +265,18 @@ def test_a_plan_recuts_only_free_gpus_within_the_cap_and_every_claim_it_places_f
     for claim in pending:
         if claim.key in plan.placed:
             assert fit(claim, slots, CLASSES, consume=True) is not None
+
+
+def test_a_free_cut_gpu_stays_a_warm_spare_only_while_as_many_idle_layout_gpus_are_free() -> None:
+    pol = policy()
+    cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", True)
+    whole_free = AdaptiveGpu("node-a", gpu(1), pol, "whole", True)
+    whole_busy = AdaptiveGpu("node-a", gpu(1), pol, "whole", False)
+    nothing = plan_recuts([], [cut, whole_free], CLASSES, {"adaptive": 2})
+    recent = [demand("r", MIG_3G)]
+    assert back_to_idle([cut, whole_free], nothing) == [cut], "without recent demand: back to idle"
+    assert back_to_idle([cut, whole_free], nothing, recent, CLASSES) == [], "a spare while a whole GPU is free"
+    assert back_to_idle([cut, whole_busy], nothing, recent, CLASSES) == [cut], "whole GPUs run short: back"
+    assert back_to_idle([cut, whole_free], nothing, [demand("w", WHOLE)], CLASSES) == [cut], "of no use: back"
+    busy_cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", False)
+    assert back_to_idle([busy_cut, whole_busy], nothing) == [], "held or cooling down: never"

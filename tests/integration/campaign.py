@@ -1,5 +1,6 @@
 """A seeded fault campaign against the real control plane: policy churn (create, edit, delete,
-priority flips) while claims are created, allocated by the real scheduler and released, and
+priority flips; an Adaptive policy among the layouts, with claims for 3g slices that only a
+recut serves) while claims are created, allocated by the real scheduler and released, and
 the operator, the node agents and the kube-apiserver are killed (SIGKILL) and restarted at
 random points. Invariants are checked all the while:
 
@@ -44,6 +45,10 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "time-sliced": {"strategy": "TimeSlicing", "timeSlicing": {"replicas": 4}},
     "mps": {"strategy": "MPS", "mps": {"memory": {"default": "8Gi", "min": "1Gi", "step": "1Gi"}}},
     "dynamic": {"strategy": "DynamicMIG"},
+    "adaptive": {"strategy": "Adaptive", "adaptive": {
+        "layouts": [{"name": "whole"}, {"name": "halves", "strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}},
+                    {"name": "mps", "strategy": "MPS"}],
+        "idle": "whole", "cooldown": "2s", "maxRecuts": 2, "pendingAfter": "1s"}},
 }
 POLICY_NAMES = ("campaign-a", "campaign-b")
 ACTIONS = {  # action: weight
@@ -51,6 +56,7 @@ ACTIONS = {  # action: weight
     "policy-delete": 1,
     "priority-flip": 1,
     "pod-create": 5,
+    "pod-create-slice": 2,  # a claim for a 3g slice: only a MIG layout serves it, so Adaptive recuts for it
     "pod-delete": 3,
     "kill-operator": 1,
     "kill-agent": 1,
@@ -261,6 +267,14 @@ class Campaign:
                     self.pods.append(pod)
                     return True
                 return False
+            case "pod-create-slice":
+                pod = f"s-{self.next_pod}"
+                self.next_pod += 1
+                body = pod_with_claim(pod, NAMESPACE, "three-g", on_node(rng.choice(self.nodes)))
+                if self._apply(body):
+                    self.pods.append(pod)
+                    return True
+                return False
             case "pod-delete":
                 if not self.pods:
                     return True
@@ -286,7 +300,9 @@ class Campaign:
         self.cluster.kubectl("create", "namespace", NAMESPACE)
         await wait_for(lambda: self._kubectl_ok("get", "serviceaccount", "default", "-n", NAMESPACE), timeout=30,
                        message="the campaign namespace's ServiceAccount")
-        self.cluster.apply_objects([claim_template("any", NAMESPACE, "gpu.tessera.dev")])
+        three_g = f'device.attributes["{DRIVER}"].migProfile == "3g.40gb"'
+        self.cluster.apply_objects([claim_template("any", NAMESPACE, "gpu.tessera.dev"),
+                                    claim_template("three-g", NAMESPACE, "mig.tessera.dev", three_g)])
         for node in self.nodes:
             self.cluster.add_node(node, labels={"tessera.dev/test": LABEL})
             self.tessera.agent(node, SIMULATE)

@@ -1,7 +1,7 @@
 """Adaptive layouts against the real kube-scheduler, operator and simulated agent: an idle GPU
 is recut for a claim whose Pod is Unschedulable, and the scheduler then really allocates the
-new device; a claim no menu can satisfy gets one Warning and no recut; a GPU that is free
-again goes back to the idle layout after its cooldown."""
+new device; a claim no menu can satisfy gets one Warning and no recut; a GPU free again stays
+cut as a warm spare while a whole GPU is free, and is recut back to whole when a Pod needs it."""
 
 from __future__ import annotations
 
@@ -110,7 +110,24 @@ async def test_an_idle_gpu_is_recut_for_a_waiting_claim_and_the_scheduler_alloca
     assert node_devices(cluster, node).keys() == before.keys(), "nothing recut for a claim that cannot fit"
     delete_pod_now(cluster, namespace, "huge")
 
-    # The slice's Pod goes: after the cooldown its GPU returns to the idle layout, whole.
+    # The slice's Pod goes. Its GPU stays cut as a warm spare (the claims seen lately could use
+    # it, and a whole GPU is still free) ...
     delete_pod_now(cluster, namespace, "slice")
-    await wait_devices(cluster, node, lambda d: whole_gpus(d) == ["gpu-0", "gpu-1"],
-                       "the recut GPU back to whole after the cooldown", timeout=90)
+    await wait_for(lambda: claim_of_gone(cluster, namespace, name), timeout=60, message="the slice's claim gone")
+    await asyncio.sleep(6)  # twice the cooldown
+    assert len(whole_gpus(node_devices(cluster, node))) == 1, "a warm spare while a whole GPU is free"
+    # ... until whole GPUs run short: two Pods want one each; the first takes the free one, the
+    # second waits, and the spare is recut back to whole for it.
+    apply(cluster, claim_template("whole", namespace, "whole-gpu.tessera.dev"),
+          pod_with_claim("whole-1", namespace, "whole", on_node(node)),
+          pod_with_claim("whole-2", namespace, "whole", on_node(node)))
+    for pod in ("whole-1", "whole-2"):
+        await wait_for(lambda pod=pod: allocated_devices(cluster, namespace, pod), timeout=90,
+                       message=f"{pod} allocated a whole GPU")
+    got = sorted(str(allocated_devices(cluster, namespace, p)[0]["device"]) for p in ("whole-1", "whole-2"))
+    assert got == ["gpu-0", "gpu-1"]
+    assert whole_gpus(node_devices(cluster, node)) == ["gpu-0", "gpu-1"]
+
+
+def claim_of_gone(cluster: LocalCluster, namespace: str, claim: str) -> bool:
+    return get_or_none(cluster, "resourceclaim", claim, "-n", namespace) is None

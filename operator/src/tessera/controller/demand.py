@@ -236,7 +236,8 @@ class AdaptiveDemand:
                 current = spec.menu_layout if spec is not None and spec.menu_layout else policy.spec.adaptive.idle
                 choice = self.choices.get(gpu.uuid)
                 if choice is None:  # first seen (or the operator restarted): when it was cut is unknown
-                    why = "idle default" if current == policy.spec.adaptive.idle else "kept from before"
+                    why = self._reported_reason(policy.name, gpu.uuid, current) or (
+                        "idle default" if current == policy.spec.adaptive.idle else "kept from before")
                     choice = self.choices[gpu.uuid] = _Choice(current, why, -math.inf)
                 reported = status.gpu(gpu.uuid) if status is not None else None
                 wanted = decided.get(gpu.uuid)
@@ -255,6 +256,15 @@ class AdaptiveDemand:
                 cooled = now - choice.since >= policy.spec.adaptive.cooldown_seconds
                 out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
         return out, under_way
+
+    def _reported_reason(self, policy: str, gpu: str, layout: str) -> str | None:
+        """Why the policy's status says the GPU has ``layout`` (a restarted operator keeps the
+        words, so it rewrites no status for nothing)."""
+        status = self.controller.fleet.policy_bodies.get(policy, {}).get("status") or {}
+        for row in status.get("adaptive") or ():
+            if row.get("gpu") == gpu and row.get("layout") == layout:
+                return str(row.get("reason", "")) or None
+        return None
 
     async def run_pass(self) -> RecutPlan | None:
         policies = self.adaptive_policies()
