@@ -266,7 +266,9 @@ class AdaptiveDemand:
                 return str(row.get("reason", "")) or None
         return None
 
-    async def run_pass(self) -> RecutPlan | None:
+    def choose(self) -> tuple[RecutPlan, list[AdaptiveGpu]] | None:
+        """What the pure room would recut now (None: no Adaptive policy); changes nothing
+        (``tessera plan --live`` shows it as it is)."""
         policies = self.adaptive_policies()
         pending = self.pending(policies)
         PENDING.set(len(pending))
@@ -275,7 +277,13 @@ class AdaptiveDemand:
         gpus, under_way = self.adaptive_gpus(policies)
         left = {n: max(0, p.spec.adaptive.max_recuts - under_way.get(n, 0))
                 for n, p in policies.items() if p.spec.adaptive}
-        plan = plan_recuts(pending, gpus, self.classes, left, recent=self.recent, menus=self.menus)
+        return plan_recuts(pending, gpus, self.classes, left, recent=self.recent, menus=self.menus), gpus
+
+    async def run_pass(self) -> RecutPlan | None:
+        chosen = self.choose()
+        if chosen is None:
+            return None
+        plan, gpus = chosen
         self.last_plan = plan
         FRAGMENTATION.set(float(plan.fragmentation))
         now = self.clock()
