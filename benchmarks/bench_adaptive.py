@@ -2,7 +2,7 @@
 GPU-sharing trace on a simulated fleet, through the operator's own planning and device code.
 
     .venv/bin/python benchmarks/bench_adaptive.py [--nodes 100] [--gpus-per-node 8] [--pods 3000]
-                                                  [--load 1.1] [--seed 42] [--strategies ...]
+                                                  [--load 1.5] [--seed 42] [--warmup 0] [--strategies ...]
 
 Workload: ``benchmarks/traces/openb_pod_list_default.sample.csv`` (Alibaba cluster-trace-gpu-v2023,
 see ``benchmarks/traces/README.md``; cite Weng et al., USENIX ATC '23). Each Pod keeps its shape
@@ -32,7 +32,10 @@ a MIG instance's slices / 8, the unbooked compute of an MPS GPU; GPUs being recu
 unallocated), integrated over the time at least one claim waits, over that time x the fleet;
 ``never placed`` = claims still waiting when nothing is left to happen; pending p50/p99 =
 arrival to allocation of the placed claims; ``recuts`` = layout changes (for claims and back
-to idle). Not a test: it prints figures and asserts nothing.
+to idle). After each line, ``unused-while-pending`` counts instead the capacity no placed Pod's
+own ``gpu_milli`` uses (a fractional Pod on a whole GPU wastes the rest), so static-exclusive's
+over-allocation shows. Figures count from ``--warmup`` seconds on.
+Not a test: it prints figures and asserts nothing.
 """
 
 from __future__ import annotations

@@ -280,3 +280,14 @@ def test_a_free_cut_gpu_stays_a_warm_spare_only_while_as_many_idle_layout_gpus_a
     assert back_to_idle([cut, whole_free], nothing, [demand("w", WHOLE)], CLASSES) == [cut], "of no use: back"
     busy_cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", False)
     assert back_to_idle([busy_cut, whole_busy], nothing) == [], "held or cooling down: never"
+
+
+def test_a_thousand_waiting_claims_recut_no_more_than_the_cap() -> None:
+    pol = policy(max_recuts=4)
+    gpus = [AdaptiveGpu(f"node-{n}", gpu(i), pol, "whole", True) for n in range(8) for i in range(8)]
+    shapes = [MIG_3G, SHARE_25, MIG_1G]
+    pending = [demand(f"c{i:04d}", shapes[i % 3]) for i in range(1000)]
+    plan = plan_recuts(pending, gpus, CLASSES, {"adaptive": 4})
+    assert len(plan.recuts) == 4
+    assert len(plan.placed) + len(plan.waiting) == 1000
+    assert len(plan.placed) == sum(len(r.claims) for r in plan.recuts)  # each placed claim on a recut GPU

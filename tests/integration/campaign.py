@@ -137,9 +137,13 @@ def _kept(pool: str, mine: set[str], nodes: set[str]) -> bool:
 
 
 def _ready_now(policy_body: dict[str, Any]) -> bool:
-    """Ready=True for the policy's latest generation."""
+    """Settled for the policy's latest generation: Ready=True, or Ready=False only because it
+    wins no GPU (another policy outranks it everywhere; the campaign's churn can end so)."""
     status = policy_body.get("status") or {}
-    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+    ready = any(
+        c["type"] == "Ready" and (c["status"] == "True" or c.get("reason") == "NoMatchingGPUs")
+        for c in status.get("conditions", [])
+    )
     return ready and status.get("observedGeneration") == policy_body["metadata"]["generation"]
 
 
@@ -358,7 +362,13 @@ class Campaign:
                 return False
             return all(_ready_now(p) for p in items if p["metadata"]["name"] in POLICY_NAMES)
 
-        await wait_for(policies_settled, timeout=180, interval=0.5, message="every campaign policy to be Ready")
+        try:
+            await wait_for(policies_settled, timeout=180, interval=0.5, message="every campaign policy to be Ready")
+        except TimeoutError:  # say what each policy is waiting for, then fail
+            for body in self._items("sharingpolicies") or []:
+                print(json.dumps({"name": body["metadata"]["name"], "spec": body.get("spec"),
+                                  "status": body.get("status")}, indent=1)[:4000])
+            raise
         await self.wait_converged(timeout=120)
 
     async def restart_writes(self) -> float:
