@@ -75,6 +75,7 @@ class CampaignReport:
     violations: list[str] = field(default_factory=list)
     convergence: list[float] = field(default_factory=list)  # seconds from faults stopping to converged
     restart_writes: float = -1.0
+    recuts_for_claims: int = 0  # AdaptiveRecut Events: GPUs an Adaptive policy recut for a waiting claim
 
     @property
     def faults(self) -> int:
@@ -90,7 +91,8 @@ class CampaignReport:
             f"{sum(self.actions.values()) - self.faults} other actions ({self.failed_actions} refused while the "
             f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations; "
             f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
-            f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}"
+            f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}; "
+            f"adaptive recuts for waiting claims: {self.recuts_for_claims}"
         )
 
 
@@ -337,6 +339,8 @@ class Campaign:
                 if (step + 1) % quiet_every == 0 or step == steps - 1:
                     self.report.convergence.append(await self.wait_converged(timeout=120))
             self.report.steps = steps
+            recuts = self._items("events", "-n", NAMESPACE, "--field-selector", "reason=AdaptiveRecut")
+            self.report.recuts_for_claims = len(recuts or [])
             await self.release_everything()
             await self.check()
         finally:
