@@ -22,7 +22,9 @@ Strategies: ``static-exclusive``, ``static-mig`` (all-balanced: 2 x 1g, 2g, 3g),
 first recuttable GPU and the first menu layout that fits it); ``tessera`` (the same menu,
 ``tessera.adaptive.choose.plan_recuts``). Both adaptive ones return free GPUs to the idle
 layout after the cooldown (``back_to_idle``), respect the cap (``maxRecuts``), wait
-``pendingAfter`` before a claim counts, and a recut GPU publishes nothing for ``RECUT_SECONDS``.
+``pendingAfter`` before a claim counts, and a recut GPU publishes nothing for ``--recut-seconds``
+(20 s by default: real MIG changes take seconds per instance; ``bench_adaptive_e2e.py`` measures
+the whole path on a real node with simulated GPUs).
 The scheduler is first fit: nodes by name, devices in publication order, claims oldest first,
 with the same ``fit`` the planning room uses (class and request CEL through the planner's
 selector path, capacity request policies, firstAvailable).
@@ -69,7 +71,7 @@ STRATEGIES = ("static-exclusive", "static-mig", "static-mps", "first-fit", "tess
 CLASSES = class_selectors(device_classes())
 OURS = frozenset(CLASSES)
 PASS_SECONDS = 5.0  # how often the operator's demand pass runs
-RECUT_SECONDS = 20.0  # handover grace, agent apply, publish: the GPU offers nothing meanwhile
+RECUT_SECONDS = 20.0  # default: handover grace, agent apply, publish; the GPU offers nothing meanwhile
 MIN_RUN, MAX_RUN = 60, 4 * 3600
 
 MENU: list[dict[str, Any]] = [
@@ -168,6 +170,7 @@ class Simulation:
         self.policy = policy(menu, idle, args.max_recuts, f"{args.cooldown}s", f"{args.pending_after}s")
         self.cooldown = float(args.cooldown)
         self.debounce = float(args.pending_after)
+        self.recut_seconds = float(args.recut_seconds)
         self.menus = MenuCache()
         self.nodes = [f"node-{i:03d}" for i in range(args.nodes)]
         self.gpus: dict[str, list[Gpu]] = {}
@@ -280,7 +283,7 @@ class Simulation:
             gpu.recutting, gpu.layout, gpu.since = True, layout, self.now
             self.version[gpu.node] += 1
             self.recuts += 1
-            self._at(self.now + RECUT_SECONDS, "recut", gpu)
+            self._at(self.now + self.recut_seconds, "recut", gpu)
 
     # -- the clock --------------------------------------------------------------------------
 
@@ -383,12 +386,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--max-recuts", type=int, default=16)
     parser.add_argument("--cooldown", type=float, default=300.0)
     parser.add_argument("--pending-after", type=float, default=5.0)
+    parser.add_argument("--recut-seconds", type=float, default=RECUT_SECONDS)
     parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=STRATEGIES)
     args = parser.parse_args(argv)
     pods = read_trace(TRACE, args.pods)
     arrivals = arrivals_for(pods, args.load, args.nodes * args.gpus_per_node, args.seed)
     print(f"# {len(pods)} Pods of {TRACE.name}, {args.nodes} nodes x {args.gpus_per_node} {MODEL}, "
           f"load {args.load}, seed {args.seed}, maxRecuts {args.max_recuts}, cooldown {args.cooldown:g} s, "
+          f"pendingAfter {args.pending_after:g} s, recut {args.recut_seconds:g} s, "
           f"figures from {args.warmup:g} s on")
     for strategy in args.strategies:
         started = time.perf_counter()
