@@ -142,15 +142,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def agent_steps(metrics_port: int) -> list[str]:
-    """The agent's per-step histogram as lines ``operation step: count, p50, p99``."""
+    """The agent's per-step and per-call histograms as lines ``operation step: count, p50, p99``."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
     buckets: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for line in text.splitlines():
-        if not line.startswith("tessera_agent_plugin_step_seconds_bucket{"):
+        if not line.startswith(("tessera_agent_plugin_step_seconds_bucket{",
+                                "tessera_agent_plugin_call_seconds_bucket{")):
             continue
         labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
-        key = (labels["operation"].strip('"'), labels["step"].strip('"'))
+        key = (labels["operation"].strip('"'), labels.get("step", '"(whole call)"').strip('"'))
         le = labels["le"].strip('"')
         buckets.setdefault(key, []).append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))
     return [f"  agent {operation:9} {step:13} count {b[-1][1]:4.0f}  p50 {quantile(0.5, sorted(b)) * 1000:7.1f} ms"
@@ -207,7 +208,11 @@ def main() -> int:
             print(f"pod start with claim p50 {p50_with:.3f} s p99 {percentile(claimed_all, 0.99):.3f} s; "
                   f"without p50 {p50_without:.3f} s p99 {percentile(without, 0.99):.3f} s; "
                   f"ratio p50 {p50_with / p50_without:.2f}")
-            found = histograms(node.kubelet_metrics(), ("dra_operations_duration_seconds",))
+            found = histograms(node.kubelet_metrics(),
+                               ("dra_operations_duration_seconds", "dra_grpc_operations_duration_seconds"))
+            for (name, operation), buckets in sorted(found.items()):
+                print(f"  kubelet {name}{{{operation}}}: count {buckets[-1][1]:.0f}"
+                      f"  p50 {quantile(0.5, buckets) * 1000:.1f} ms  p99 {quantile(0.99, buckets) * 1000:.1f} ms")
             prepare = found.get(("dra_operations_duration_seconds", "PrepareResources"))
             if prepare is None:
                 print("kubelet prepare: the kubelet exported no PrepareResources histogram", file=sys.stderr)
