@@ -150,9 +150,11 @@ def agent_steps(metrics_port: int) -> list[str]:
     buckets: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for line in text.splitlines():
         if not line.startswith(("tessera_agent_plugin_step_seconds_bucket{",
-                                "tessera_agent_plugin_call_seconds_bucket{")):
+                                "tessera_agent_claim_seconds_bucket{")):
             continue
         labels = dict(part.split("=", 1) for part in line[line.index("{") + 1:line.index("}")].split(","))
+        if labels.get("result", '"ok"') != '"ok"':
+            continue
         key = (labels["operation"].strip('"'), labels.get("step", '"(whole call)"').strip('"'))
         le = labels["le"].strip('"')
         buckets.setdefault(key, []).append((float("inf") if le == "+Inf" else float(le), float(line.split()[-1])))

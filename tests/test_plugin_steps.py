@@ -26,7 +26,6 @@ def test_a_step_run_twice_adds_up_and_the_call_is_one_debug_line() -> None:
     sample = metrics.registry.get_sample_value
     assert sample("tessera_agent_plugin_step_seconds_sum", {"operation": "prepare", "step": "checkpoint"}) == 0.005
     assert sample("tessera_agent_plugin_step_seconds_count", {"operation": "prepare", "step": "cdi_write"}) == 1
-    assert sample("tessera_agent_plugin_call_seconds_count", {"operation": "prepare"}) == 1
     (line,) = logs
     assert (line["event"], line["log_level"], line["claim"], line["outcome"]) == (
         "prepare steps", "debug", "ns/c", "prepared")

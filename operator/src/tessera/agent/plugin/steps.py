@@ -59,20 +59,17 @@ class PluginMetrics:
             "tessera_agent_plugin_step_seconds", "Time of each step of a kubelet prepare or unprepare call",
             ["operation", "step"], registry=r, buckets=STEP_BUCKETS,
         )
-        self.calls = Histogram(
-            "tessera_agent_plugin_call_seconds", "Time of a whole prepare or unprepare of one claim, as answered",
-            ["operation"], registry=r, buckets=STEP_BUCKETS,
-        )
         self.status_writes = Counter(
             "tessera_agent_claim_status_writes", "Claim device status writes after the answer, by result",
             ["result"], registry=r,
         )
 
     def record(self, operation: str, times: StepTimes, claim: str, outcome: str) -> None:
-        """Observe one call's steps and its total; one debug line with all of them."""
+        """Observe one call's steps; one debug line with all of them and the total. (The whole
+        call per claim is the agent's ``tessera_agent_claim_seconds``, through the plugin's
+        ``observe`` hook.)"""
         total = times.total
         for step, seconds in times.steps.items():
             self.steps.labels(operation, step).observe(seconds)
-        self.calls.labels(operation).observe(total)
         log.debug(f"{operation} steps", claim=claim, outcome=outcome, total_ms=round(total * 1000, 2),
                   steps_ms={step: round(seconds * 1000, 2) for step, seconds in times.steps.items()})
