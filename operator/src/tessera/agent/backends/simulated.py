@@ -63,6 +63,7 @@ from tessera.agent.backends.base import (
     ResetRequiredError,
 )
 from tessera.agent.backends.mps import DaemonState, MpsDaemons
+from tessera.agent.nics.spec import is_nic_item
 from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, GpuModel, MigProfile, model_by_key
 from tessera.models.layout import Health
 from tessera.models.policy import TimeSliceInterval
@@ -139,7 +140,7 @@ def parse_simulate_spec(spec: str) -> list[GpuModel]:
     models: list[GpuModel] = []
     for raw in spec.split(","):
         item = raw.strip()
-        if not item:
+        if not item or is_nic_item(item):  # NICs of the same node spec: tessera.agent.nics.simulated
             continue
         m = _SPEC_ITEM.match(item)
         if m is None:
