@@ -288,12 +288,15 @@ class UplinkShaper:
                 if self._attached(share, pod_netns_path):
                     return
                 raise ShapingError(f"share {share.key}: its interface {share.host_link} is not prepared")
-            fd = os.open(pod_netns_path, os.O_RDONLY)
             try:
-                self._step("move")
-                ip.link("set", index=index, net_ns_fd=fd)
-            finally:
-                os.close(fd)
+                fd = os.open(pod_netns_path, os.O_RDONLY)
+                try:
+                    self._step("move")
+                    ip.link("set", index=index, net_ns_fd=fd)
+                finally:
+                    os.close(fd)
+            except (OSError, NetlinkError) as error:  # not moved: still here, as prepared
+                raise ShapingError(f"share {share.key}: cannot move into {pod_netns_path}: {error}") from error
         try:
             with _in_netns(pod_netns_path) as pod:
                 moved = self._index(pod, share.host_link)
