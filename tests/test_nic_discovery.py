@@ -74,7 +74,8 @@ def test_discovery_lists_physical_nics_and_named_virtual_ones_never_lo(sysfs: Pa
 
 
 def test_the_simulation_spec_names_nics_beside_gpus() -> None:
-    assert is_nic_item("4xNIC-400G") and is_nic_item("nic-40G")
+    assert is_nic_item("4xNIC-400G")
+    assert is_nic_item("nic-40G")
     assert not is_nic_item("4xH100-80GB")
     assert nic_items("8xH100-80GB,2xNIC-40G,NIC-100G") == [40_000, 40_000, 100_000]
     assert len(parse_simulate_spec("8xH100-80GB,4xNIC-400G")) == 8, "the GPU parser skips NIC items"
