@@ -155,7 +155,10 @@ class NetworkSharingPolicySpec(KubeModel):
         min_length=1,
         max_length=32,
         description="the uplinks to share, by interface name (e.g. eth0, ens1f0np0)",
-        json_schema_extra={"x-kubernetes-list-type": "set", "items": {"pattern": INTERFACE_NAME_PATTERN}},
+        json_schema_extra={
+            "x-kubernetes-list-type": "set",
+            "items": {"type": "string", "maxLength": 15, "pattern": INTERFACE_NAME_PATTERN},
+        },
     )
     line_rate: Quantity | None = Field(
         default=None,
