@@ -114,7 +114,7 @@ def free_class_minor(taken: Collection[int]) -> int:
 
 def burst_bytes(rate_bps: int) -> int:
     """HTB burst: a millisecond at the rate, never below one 64 KiB segment."""
-    return max(_MIN_BURST, rate_bps // 8 // 1000)
+    return max(_MIN_BURST, rate_bps // 8 // 200)
 
 
 def _mac_words(mac: str) -> tuple[int, int]:
