@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tessera.agent.backends.pci import sysfs_bus_id
-from tessera.agent.backends.simulated import board_slot, parse_simulate_spec
+from tessera.agent.backends.simstate import board_slot, parse_simulate_spec
 from tessera.agent.nics.simulated import simulated_nics
 from tessera.agent.nics.spec import is_nic_item, nic_items
 from tessera.agent.nics.sysfs import discover_nics, read_nic

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tessera.agent.backends.simulated import GPUS_PER_PCIE_ROOT, NUMA_NODES
+from tessera.agent.backends.simstate import GPUS_PER_PCIE_ROOT, NUMA_NODES
 from tessera.agent.nics.spec import nic_items
 from tessera.models.nics import NicStatus
 
