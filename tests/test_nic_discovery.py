@@ -13,6 +13,8 @@ from tessera.agent.backends.simstate import board_slot, parse_simulate_spec
 from tessera.agent.nics.simulated import simulated_nics
 from tessera.agent.nics.spec import is_nic_item, nic_items
 from tessera.agent.nics.sysfs import discover_nics, read_nic
+from tessera.dra.nics import choose_shared_nics, nic_device
+from tessera.models.network import NetworkSharingPolicy
 from tessera.models.nics import LinkState
 
 
@@ -91,3 +93,30 @@ def test_simulated_nics_sit_one_per_pcie_root_on_the_gpus_numa_nodes() -> None:
     assert len({n.pci_bus_id for n in nics} | {sysfs_bus_id(g.pci_bus_id) for g in gpus}) == 12, "no shared bus id"
     assert nics == simulated_nics("node-a", "8xH100-80GB,4xNIC-400G", gpu_count=8), "seeded by the node"
     assert nics[0].mac != simulated_nics("node-b", "4xNIC-400G", gpu_count=8)[0].mac
+
+
+def test_an_uplink_that_goes_down_or_away_taints_its_device_and_the_taint_clears_when_it_is_back(
+    sysfs: Path,
+) -> None:
+    policy = NetworkSharingPolicy.from_kube({"metadata": {"name": "p"}, "spec": {"interfaces": ["ens1f0np0"]}})
+    operstate = sysfs / "class" / "net" / "ens1f0np0" / "operstate"
+
+    def taints() -> list[dict[str, str]]:
+        [shared] = choose_shared_nics([policy], {}, discover_nics(sysfs, named=["ens1f0np0"])).shared
+        return list(nic_device(shared).get("taints", []))
+
+    assert taints() == []
+    operstate.write_text("down\n")
+    assert taints() == [{"key": "nic.tessera.dev/link", "value": "Down", "effect": "NoSchedule"}]
+    operstate.write_text("up\n")
+    assert taints() == []
+    link = sysfs / "class" / "net" / "ens1f0np0"
+    target = link.readlink()
+    last_known = {n.interface: n for n in discover_nics(sysfs)}
+    link.unlink()  # the NIC is gone (driver unbound, card pulled)
+    [gone] = [n for n in discover_nics(sysfs, last_known=last_known) if n.interface == "ens1f0np0"]
+    assert (gone.link, gone.speed_mbps, gone.pcie_root) == (LinkState.ABSENT, 100_000, "pci0000:3a")
+    [shared] = choose_shared_nics([policy], {}, [gone]).shared
+    assert nic_device(shared)["taints"] == [{"key": "nic.tessera.dev/link", "value": "Absent", "effect": "NoSchedule"}]
+    link.symlink_to(target)
+    assert taints() == []

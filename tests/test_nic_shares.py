@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -257,3 +258,25 @@ def test_attach_refuses_a_runtime_state_without_a_pid(tmp_path: Path) -> None:
     family = NicFamily(tmp_path / "cp.json", UplinkShaper("unused"))
     with pytest.raises(ShapingError, match="no pid"):
         attach_from_runtime_state(family, "uid", "{}")
+
+
+def test_the_tessera_nic_attach_command_attaches_from_the_runtime_state_on_stdin(lab: Lab, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "nic-checkpoint.json"
+    family = NicFamily(checkpoint, UplinkShaper(lab.host))
+    family.prepare("claim-hook", [ShareRequest("s0", UPLINK, GBIT)])
+    pod = lab.pod()
+    process = _pod_process(lab, pod)
+    command = [str(Path(sys.executable).parent / "tessera"), "nic-attach", "--checkpoint", str(checkpoint),
+               "--host-netns", lab.host]  # fmt: skip
+    try:
+        done = subprocess.run([*command, "--claim", "claim-hook"], input=json.dumps({"pid": process.pid}),
+                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert lab.links(pod) == {"lo", POD_INTERFACE}
+        refused = subprocess.run([*command, "--claim", "no-such-claim"], input=json.dumps({"pid": process.pid}),
+                                 capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert refused.returncode == 1
+        assert "claim no-such-claim has no prepared NIC share" in refused.stderr
+    finally:
+        process.kill()
+        process.wait()

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("tessera.cli.operator", "run the operator: SharingPolicies into NodeLayouts and ResourceSlices"),
     "agent": ("tessera.cli.agent", "run the node agent: GPUs into the layout of this node's NodeLayout"),
     "demo": ("tessera.cli.demo", "run Tessera on a local control plane with simulated GPU nodes"),
+    "nic-attach": ("tessera.cli.nicattach", "CDI createRuntime hook: put a claim's NIC shares into the Pod's netns"),
 }
 
 # name -> third-party modules made unimportable before that subcommand's module is imported, so

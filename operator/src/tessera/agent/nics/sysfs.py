@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from tessera.agent.backends.pci import root_complex_of
@@ -77,14 +77,23 @@ def read_nic(sysfs: Path, interface: str) -> NicStatus | None:
     )
 
 
-def discover_nics(sysfs: Path = Path("/sys"), named: Collection[str] = ()) -> list[NicStatus]:
-    """Every physical NIC (one with a PCI ``device``), plus the interfaces ``named`` even if
-    virtual; an interface named but absent is reported ``Absent``. Sorted by interface."""
+def discover_nics(
+    sysfs: Path = Path("/sys"), named: Collection[str] = (), last_known: Mapping[str, NicStatus] | None = None
+) -> list[NicStatus]:
+    """Every physical NIC (one with a PCI ``device``), plus the interfaces ``named`` or
+    ``last_known`` even if virtual or gone. A NIC that is gone is reported ``Absent`` with what
+    was last known of it (its speed, its PCI place), so that its device stays published, tainted,
+    instead of vanishing with its allocations. Sorted by interface."""
     root = sysfs / "class" / "net"
     present = sorted(p.name for p in root.iterdir()) if root.is_dir() else []
-    wanted = {n for n in present if n != "lo" and (root / n / "device").exists()} | set(named)
+    known = last_known or {}
+    wanted = {n for n in present if n != "lo" and (root / n / "device").exists()} | set(named) | set(known)
     nics = []
     for interface in sorted(wanted):
         nic = read_nic(sysfs, interface)
-        nics.append(nic if nic is not None else NicStatus(interface=interface, link=LinkState.ABSENT))
+        if nic is None:
+            before = known.get(interface)
+            gone = before.model_copy(update={"link": LinkState.ABSENT}) if before else None
+            nic = gone or NicStatus(interface=interface, link=LinkState.ABSENT)
+        nics.append(nic)
     return nics
