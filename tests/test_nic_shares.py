@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pyroute2 import NetNS
 
 from tessera.agent.nics.family import (
     NicCheckpoint,
@@ -280,3 +281,10 @@ def test_the_tessera_nic_attach_command_attaches_from_the_runtime_state_on_stdin
     finally:
         process.kill()
         process.wait()
+
+
+def test_the_sweep_leaves_links_that_only_look_like_ours(lab: Lab, tmp_path: Path) -> None:
+    with NetNS(lab.host) as ip:
+        ip.link("add", ifname="tsn4", kind="veth", peer={"ifname": "tsn5"})  # another tool's names
+    _family(lab, tmp_path).recover()
+    assert {"tsn4", "tsn5"} <= lab.links(lab.host)

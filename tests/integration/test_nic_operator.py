@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import grpc
 import pytest
 
+from tessera.agent.plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc
 from tessera.dra.nics import NIC_DRIVER, SHARED_NIC_CLASS
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
@@ -88,6 +90,19 @@ async def test_an_agents_nics_are_published_by_the_operator_and_shared_by_the_sc
     [result] = alloc["devices"]["results"]
     assert result["driver"] == NIC_DRIVER
     assert parse_quantity(result["consumedCapacity"]["bandwidth"]) == 100 * 10**9
+
+    # The agent serves nic.tessera.dev to the kubelet: asked to prepare the claim, it reads it from
+    # the API, finds its share on simnic0, and refuses cleanly (a simulated NIC has no link to shape).
+    folder = tessera.node_folder(node)
+    registration = folder / "plugins_registry" / f"{NIC_DRIVER}-reg.sock"
+    await wait_for(registration.exists, timeout=30, message="the NIC plugin's registration socket")
+    claim = get(cluster, "resourceclaims", "-n", namespace)["items"][0]
+    async with grpc.aio.insecure_channel(f"unix://{folder / 'plugins' / NIC_DRIVER / 'dra.sock'}") as channel:
+        answer = await dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(
+            dra_v1_pb2.NodePrepareResourcesRequest(claims=[dra_v1_pb2.Claim(
+                namespace=namespace, name=claim["metadata"]["name"], uid=claim["metadata"]["uid"])])
+        )  # fmt: skip
+    assert "uplink 'simnic0' does not exist" in answer.claims[claim["metadata"]["uid"]].error
 
     # Fixing the policy makes it Ready; dropping a NIC withdraws its device only.
     cluster.kubectl("patch", "networksharingpolicy", "hgx-uplinks", "--type=merge", "-p",

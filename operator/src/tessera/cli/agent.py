@@ -14,7 +14,7 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 import structlog
 
@@ -32,6 +32,9 @@ from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.kube.http import KubeClient
 from tessera.log import configure_logging
 from tessera.models.nics import LinkState, NicStatus
+
+if TYPE_CHECKING:
+    from tessera.agent.nics.plugin import NicKubeletPlugin
 
 log = structlog.get_logger(__name__)
 
@@ -134,6 +137,11 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         "(TESSERA_NIC_INTERFACES, comma-separated)",
     )
     parser.add_argument(
+        "--nic-attach-executable",
+        default=_env("NIC_ATTACH_EXECUTABLE", "/usr/local/bin/tessera"),
+        help="the host path of the tessera command that CDI runs to attach NIC shares (TESSERA_NIC_ATTACH_EXECUTABLE)",
+    )
+    parser.add_argument(
         "--cdi-dir",
         type=Path,
         default=Path(_env("CDI_DIR", str(DEFAULT_CDI_DIR))),
@@ -159,6 +167,26 @@ def make_nic_inventory(args: argparse.Namespace) -> Callable[[], Sequence[NicSta
         return nics
 
     return discover
+
+
+def make_nic_plugin(
+    args: argparse.Namespace, api: KubeClient, nics: Callable[[], Sequence[NicStatus]]
+) -> NicKubeletPlugin:
+    """The NIC family's kubelet plugin, its folder beside the GPU plugin's."""
+    from tessera.agent.nics.family import NicFamily
+    from tessera.agent.nics.plugin import NicKubeletPlugin, NicPluginConfig
+    from tessera.agent.nics.shaping import UplinkShaper
+    from tessera.agent.plugin.claims import KubeClaimReader
+    from tessera.dra.nics import NIC_DRIVER
+
+    config = NicPluginConfig(
+        node_name=args.node_name,
+        registry_dir=args.kubelet_registry_dir,
+        plugin_dir=args.kubelet_plugin_dir.parent / NIC_DRIVER,
+        cdi_dir=args.cdi_dir,
+        hook_executable=args.nic_attach_executable,
+    )
+    return NicKubeletPlugin(config, NicFamily(config.checkpoint, UplinkShaper()), KubeClaimReader(api), nics)
 
 
 def make_backend(args: argparse.Namespace) -> DeviceBackend:
@@ -190,6 +218,7 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClie
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
     plugin_task: asyncio.Task[None] | None = None
+    nic_plugin: NicKubeletPlugin | None = None
     try:
         if args.kubelet_plugin:
             # The plugin starts first: it re-declares the holds of claims it prepared before a
@@ -215,9 +244,14 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClie
             )
             if plugin_task in done:
                 plugin_task.result()  # it failed to start: raise why
+            if agent.nic_inventory is not None:  # the NIC family's plugin, driver nic.tessera.dev
+                nic_plugin = make_nic_plugin(args, api, agent.nic_inventory)
+                await nic_plugin.start()
         await agent.run()
     finally:
         agent.stop()
+        if nic_plugin is not None:
+            await nic_plugin.stop()
         if plugin_task is not None:
             await plugin_task
         await api.close()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import subprocess
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -50,6 +51,8 @@ _REDIRECT_PRIO = 1
 _MIN_BURST = 64 * 1024  # bytes: GSO segments on veth and virtio are up to 64 KiB
 
 Fault = Callable[[str], None]
+# Exactly the names host_link_name makes: a sweep never touches another tool's "tsn..." link.
+_OUR_HOST_LINK = re.compile(HOST_LINK_PREFIX + r"[0-9a-f]{11}")
 
 
 class ShapingError(Exception):
@@ -352,10 +355,10 @@ class UplinkShaper:
             }
 
     def host_links(self) -> set[str]:
-        """Our share macvlans still in this namespace."""
+        """Our share macvlans still in this namespace (by the exact shape of their names)."""
         with self._ip() as ip:
             names = (link.get_attr("IFLA_IFNAME") for link in ip.get_links())
-            return {n for n in names if n and n.startswith(HOST_LINK_PREFIX)}
+            return {n for n in names if n and _OUR_HOST_LINK.fullmatch(n)}
 
     def filter_prios(self, device: str) -> set[int]:
         shown = self._tc(["filter", "show", "dev", device, "parent", "1:"], check=False).stdout
