@@ -133,3 +133,15 @@ def test_the_nic_slice_is_one_pool_of_its_own_driver_owned_by_the_node() -> None
     assert [d["name"] for d in spec["devices"]] == ["nic-ens1f0np0", "nic-eth0"]
     assert resource_slice["metadata"]["name"] == "node-a-tessera-nics"
     assert resource_slice["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_the_policys_ceiling_is_published_for_the_plugin_capped_at_the_rate() -> None:
+    borrowing = _policy(share={"default": "2G", "min": "1G", "ceiling": "10G"})
+    [shared] = choose_shared_nics([borrowing], {}, [UPLINK]).shared
+    assert nic_device(shared)["attributes"]["shareCeilingBps"] == {"int": 10 * 10**9}
+    [capped] = choose_shared_nics(
+        [_policy(lineRate="5G", share={"default": "2G", "min": "1G", "ceiling": "10G"})], {}, [UPLINK]
+    ).shared
+    assert nic_device(capped)["attributes"]["shareCeilingBps"] == {"int": 5 * 10**9}
+    [plain] = choose_shared_nics([_policy()], {}, [UPLINK]).shared
+    assert "shareCeilingBps" not in nic_device(plain)["attributes"]

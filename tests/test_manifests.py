@@ -282,6 +282,7 @@ AGENT_RESOURCES = {
     ],
     ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", 'subresource="status"')],
     ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", '"apply"')],
+    ("resource.k8s.io", "resourceslices"): [("agent/nics/plugin.py", '"resourceslices"')],
 }
 
 

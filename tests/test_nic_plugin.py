@@ -22,6 +22,7 @@ from tessera.agent.nics.plugin import (
     NicKubeletPlugin,
     NicPluginConfig,
     cdi_spec_path,
+    device_ceilings,
     share_requests,
 )
 from tessera.agent.nics.shaping import UplinkShaper
@@ -52,6 +53,21 @@ def _result(**extra: Any) -> dict[str, Any]:
 REF = ClaimRef("ns", "c", "uid-1")
 
 
+def test_the_ceiling_comes_from_the_devices_published_attribute() -> None:
+    published = [
+        {"spec": {"driver": "nic.tessera.dev", "devices": [
+            {"name": f"nic-{UPLINK}", "attributes": {"shareCeilingBps": {"int": 10**10}}},
+            {"name": "nic-other", "attributes": {}},
+        ]}},
+        {"spec": {"driver": "gpu.tessera.dev", "devices": [
+            {"name": "gpu-0", "attributes": {"shareCeilingBps": {"int": 1}}}]}},
+    ]  # fmt: skip
+    ceilings = device_ceilings(published)
+    assert ceilings == {f"nic-{UPLINK}": 10**10}
+    [share] = share_requests(_claim("uid-1", _result()), REF, NODE, NICS, ceilings)
+    assert share.share.ceil_bps == 10**10
+
+
 def test_a_claims_share_takes_its_rate_from_consumed_capacity_and_its_id_from_share_id() -> None:
     [share] = share_requests(_claim("uid-1", _result()), REF, NODE, NICS)
     assert (share.request, share.device) == ("nic", f"nic-{UPLINK}")
@@ -76,6 +92,13 @@ def test_a_claim_that_holds_no_share_here_is_refused_with_the_reason(claim: dict
         share_requests(claim, REF, NODE, NICS)
 
 
+class _Slices:
+    async def node_slices(self, node: str) -> list[dict[str, Any]]:
+        assert node == NODE
+        return [{"spec": {"driver": "nic.tessera.dev", "devices": [
+            {"name": f"nic-{UPLINK}", "attributes": {"shareCeilingBps": {"int": 10 * 10**9}}}]}}]  # fmt: skip
+
+
 class _Claims:
     def __init__(self, claims: dict[str, dict[str, Any]]) -> None:
         self.claims = claims
@@ -97,7 +120,7 @@ async def test_prepare_and_unprepare_over_the_dra_socket_make_and_remove_the_sha
     family = NicFamily(config.checkpoint, UplinkShaper())
     executor = ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(f"/run/netns/{lab.host}",))
     claims = _Claims({"good": _claim("uid-good", _result()), "bad": _claim("uid-bad", _result(device="nic-eth9"))})
-    plugin = NicKubeletPlugin(config, family, claims, lambda: NICS, executor)
+    plugin = NicKubeletPlugin(config, family, claims, lambda: NICS, executor, slices=_Slices())
     before = await asyncio.to_thread(lab.tc_state)  # pyroute2 runs a loop of its own: not on this one
     await plugin.start()
     try:
@@ -122,7 +145,7 @@ async def test_prepare_and_unprepare_over_the_dra_socket_make_and_remove_the_sha
             [hook] = spec["devices"][0]["containerEdits"]["hooks"]
             assert hook["hookName"] == "createRuntime"
             assert hook["args"][-2:] == ["--claim", "uid-good"]
-            assert "rate 2Gbit" in lab.run(lab.host, "tc", "class", "show", "dev", UPLINK).stdout
+            assert "rate 2Gbit ceil 10Gbit" in lab.run(lab.host, "tc", "class", "show", "dev", UPLINK).stdout
             assert [s.claim_uid for s in family.shares()] == ["uid-good"]
 
             unprepare = dra_v1_pb2.NodeUnprepareResourcesRequest(

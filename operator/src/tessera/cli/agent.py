@@ -174,7 +174,7 @@ def make_nic_plugin(
 ) -> NicKubeletPlugin:
     """The NIC family's kubelet plugin, its folder beside the GPU plugin's."""
     from tessera.agent.nics.family import NicFamily
-    from tessera.agent.nics.plugin import NicKubeletPlugin, NicPluginConfig
+    from tessera.agent.nics.plugin import KubeSliceReader, NicKubeletPlugin, NicPluginConfig
     from tessera.agent.nics.shaping import UplinkShaper
     from tessera.agent.plugin.claims import KubeClaimReader
     from tessera.dra.nics import NIC_DRIVER
@@ -186,7 +186,8 @@ def make_nic_plugin(
         cdi_dir=args.cdi_dir,
         hook_executable=args.nic_attach_executable,
     )
-    return NicKubeletPlugin(config, NicFamily(config.checkpoint, UplinkShaper()), KubeClaimReader(api), nics)
+    family = NicFamily(config.checkpoint, UplinkShaper())
+    return NicKubeletPlugin(config, family, KubeClaimReader(api), nics, slices=KubeSliceReader(api))
 
 
 def make_backend(args: argparse.Namespace) -> DeviceBackend:

@@ -16,7 +16,8 @@ driver.
 |                 | ``validRange`` min = share.min, step = share.step, max = the largest           |
 |                 | ``min + n*step`` within the rate                                               |
 | attributes      | ``type`` (``nic``), ``interface``, ``speedMbps``, ``numaNode``, ``mac``,         |
-|                 | ``policy``; standard ``resource.kubernetes.io/pcieRoot`` and ``pciBusID``       |
+|                 | ``policy``, ``shareCeilingBps`` (the policy's ceiling, if any); standard        |
+|                 | ``resource.kubernetes.io/pcieRoot`` and ``pciBusID``                            |
 | taint           | ``nic.tessera.dev/link`` = ``Down`` / ``Absent``, NoSchedule, while the uplink   |
 |                 | is not up                                                                       |
 
@@ -41,6 +42,7 @@ from tessera.models.nics import LinkState, NicStatus
 NIC_DRIVER = "nic.tessera.dev"
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 BANDWIDTH_CAPACITY = "bandwidth"
+CEILING_ATTRIBUTE = "shareCeilingBps"
 TYPE_NIC = "nic"
 LINK_TAINT_KEY = f"{NIC_DRIVER}/link"
 NIC_SLICE_SUFFIX = "tessera-nics"
@@ -161,6 +163,9 @@ def nic_device(shared: SharedNic) -> Device:
         attributes[PCIE_ROOT_ATTRIBUTE] = {"string": nic.pcie_root}
     if nic.pci_bus_id:
         attributes[PCI_BUS_ID_ATTRIBUTE] = {"string": nic.pci_bus_id}
+    ceiling = shared.spec.share.ceiling_bps
+    if ceiling is not None:  # what a share may borrow up to; the kubelet plugin reads it back
+        attributes[CEILING_ATTRIBUTE] = {"int": min(ceiling, rate)}
     device: Device = {
         "name": nic_device_name(nic.interface),
         "allowMultipleAllocations": True,

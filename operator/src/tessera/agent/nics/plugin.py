@@ -1,7 +1,8 @@
 """The NIC family's DRA kubelet plugin: driver ``nic.tessera.dev``, its own sockets beside the GPU
 plugin's (``<registry>/nic.tessera.dev-reg.sock``, ``<plugins>/nic.tessera.dev/dra.sock``).
 
-NodePrepareResources reads each claim, takes its results of our driver on this node (the device
+NodePrepareResources reads each claim (and the node's NIC slice, for the policy's ceiling the
+device publishes), takes its results of our driver on this node (the device
 names the NIC, ``consumedCapacity.bandwidth`` the rate, ``shareID`` the share), has
 ``NicFamily`` make the shares (macvlan, classes, filters, checkpoint), and writes one CDI spec
 per claim whose devices carry the ``createRuntime`` hook that attaches them to the Pod
@@ -23,15 +24,17 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import structlog
 
+from tessera import RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.agent.nics.family import NicFamily, ShareRequest, attach_hook
 from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef
 from tessera.agent.plugin.proto import dra_v1_pb2, pluginregistration_v1_pb2
-from tessera.dra.nics import BANDWIDTH_CAPACITY, NIC_DRIVER, nic_device_name
+from tessera.dra.nics import BANDWIDTH_CAPACITY, CEILING_ATTRIBUTE, NIC_DRIVER, nic_device_name
+from tessera.kube.http import KubeClient, resource_path
 from tessera.models.nics import NicStatus
 from tessera.models.quantity import parse_quantity
 
@@ -57,9 +60,14 @@ class AllocatedShare:
 
 
 def share_requests(
-    claim: Mapping[str, Any], ref: ClaimRef, node: str, nics: Sequence[NicStatus]
+    claim: Mapping[str, Any],
+    ref: ClaimRef,
+    node: str,
+    nics: Sequence[NicStatus],
+    ceilings: Mapping[str, int] | None = None,
 ) -> list[AllocatedShare]:
-    """The NIC shares ``claim`` holds on ``node``; ClaimError says why there are none to make."""
+    """The NIC shares ``claim`` holds on ``node``, each with its device's ceiling (``ceilings``:
+    device name -> bits per second); ClaimError says why there are none to make."""
     if claim.get("metadata", {}).get("uid") != ref.uid:
         raise ClaimError(f"ResourceClaim {ref} was deleted and created again; the Pod must be recreated")
     allocation = (claim.get("status") or {}).get("allocation")
@@ -80,9 +88,41 @@ def share_requests(
         if bandwidth is None:
             raise ClaimError(f"ResourceClaim {ref}: the allocation of {result.get('device')} books no bandwidth")
         share_id = str(result.get("shareID") or result.get("request"))
-        request = ShareRequest(share_id, nic.interface, parse_quantity(str(bandwidth)))
+        device = str(result.get("device"))
+        request = ShareRequest(
+            share_id, nic.interface, parse_quantity(str(bandwidth)), ceil_bps=(ceilings or {}).get(device)
+        )
         shares.append(AllocatedShare(str(result.get("request", "")).split("/", 1)[0], str(result["device"]), request))
     return shares
+
+
+def device_ceilings(slices: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Device name -> the ceiling its slice publishes (``shareCeilingBps``), for our driver's slices."""
+    out: dict[str, int] = {}
+    for resource_slice in slices:
+        spec = resource_slice.get("spec") or {}
+        if spec.get("driver") != NIC_DRIVER:
+            continue
+        for device in spec.get("devices") or []:
+            ceiling = (device.get("attributes") or {}).get(CEILING_ATTRIBUTE, {}).get("int")
+            if isinstance(ceiling, int):
+                out[str(device["name"])] = ceiling
+    return out
+
+
+class SliceReader(Protocol):
+    """This node's ResourceSlices of our driver, as the API has them."""
+
+    async def node_slices(self, node: str) -> list[dict[str, Any]]: ...
+
+
+class KubeSliceReader:
+    def __init__(self, api: KubeClient) -> None:
+        self._api = api
+
+    async def node_slices(self, node: str) -> list[dict[str, Any]]:
+        path = resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")
+        return await self._api.list(path, field_selector=f"spec.nodeName={node},spec.driver={NIC_DRIVER}")
 
 
 def nic_cdi_spec(claim_uid: str, shares: Sequence[AllocatedShare], hook: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,10 +171,12 @@ class NicKubeletPlugin:
         reader: ClaimReader,
         nics: Callable[[], Sequence[NicStatus]],
         executor: Executor | None = None,
+        slices: SliceReader | None = None,
     ) -> None:
         """``executor`` runs the blocking netlink work (default: asyncio's threads); tests give
         one whose threads live in the namespace that plays the host."""
         self._executor = executor
+        self._slices = slices
         self.config = config
         self.family = family
         self.reader = reader
@@ -147,7 +189,8 @@ class NicKubeletPlugin:
             claim = await self.reader.read_claim(ref.namespace, ref.name)
             if claim is None:
                 raise ClaimError(f"ResourceClaim {ref} does not exist")
-            shares = share_requests(claim, ref, self.config.node_name, self.nics())
+            ceilings = device_ceilings(await self._slices.node_slices(self.config.node_name)) if self._slices else {}
+            shares = share_requests(claim, ref, self.config.node_name, self.nics(), ceilings)
             await self._blocking(self.family.prepare, ref.uid, [s.share for s in shares])
             hook = attach_hook(ref.uid, self.config.checkpoint, self.config.hook_executable)
             try:
