@@ -206,8 +206,8 @@ class NicPublisher:
                 for node in sorted(dirty):
                     await self._publish(node)
                 await self._report()
-            except (ApiError, OSError) as error:  # tried again on the next event or after a pause
-                log.warning("NIC publishing failed; trying again", error=str(error))
+            except Exception as error:  # an apiserver away, a conflict: the same nodes again after a pause
+                log.warning("NIC publishing failed; trying again", error=str(error), kind=type(error).__name__)
                 self._dirty |= dirty
                 await asyncio.sleep(2)
                 self._wake.set()
