@@ -16,6 +16,11 @@ read again, directly (a list after that moment, shared by every node waiting for
 only when neither that read nor the watch shows a claim holding them is (c) the new layout
 written to NodeLayout.spec. The agent checks the claims once more before it destroys anything.
 
+Only a leader writes (``tessera.controller.leadership``): a standby reads the cluster and
+follows every watch like a leader, so its view is warm, but its workers and its status pass
+wait on :attr:`Controller.leading`; a write that the client's fence refuses (``NotLeading``)
+puts its node back in the queue for the next term.
+
 Failed reconciles are retried with backoff. Several nodes are reconciled at once
 (``workers``): a reconcile mostly waits for API round trips, so one at a time would publish a
 large fleet at the speed of the apiserver's latency.
@@ -40,6 +45,7 @@ from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice_stub
 from tessera.controller.state import ClaimHold, DrainState, Fleet, claim_hold
+from tessera.kube.fence import NotLeading
 from tessera.kube.http import ApiError, retry_delay
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
 from tessera.kube.watch import ListWatch
@@ -60,6 +66,8 @@ CLAIM_READS = Counter("tessera_operator_claim_reads_total", "Direct reads of eve
 
 DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims read that may clear it
 DEFAULT_WORKERS = 8  # nodes reconciled at once
+# Kopf's finalizer from before leader election (Kopf now writes nothing): lifted by the leader.
+LEGACY_FINALIZER = "tessera.dev/operator"
 
 
 class FreshClaims:
@@ -101,7 +109,7 @@ class Controller:
 
     def __init__(
         self, api: Api, fleet: Fleet | None = None, workers: int = DEFAULT_WORKERS,
-        handover_grace: float = DEFAULT_HANDOVER_GRACE,
+        handover_grace: float = DEFAULT_HANDOVER_GRACE, leading: bool = True,
     ) -> None:
         self.api = api
         self.fleet = fleet or Fleet()
@@ -129,7 +137,11 @@ class Controller:
         self._tasks: list[asyncio.Task[None]] = []
         self._watches: list[ListWatch] = []
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self.ready = asyncio.Event()
+        self.ready = asyncio.Event()  # the view is read
+        self.leading = asyncio.Event()  # set while this replica may write (see lead and follow)
+        self._terms = 0
+        if leading:
+            self.lead()
 
     # -- queue -----------------------------------------------------------------------------
 
@@ -186,7 +198,9 @@ class Controller:
         for watch in self._watches:  # in this order: the slices are known before the nodes are
             watch.start()
             await watch.listed.wait()
-        await self.publisher.remove_orphans(self.fleet.nodes)
+        if self.leading.is_set():  # else the first term removes them
+            with contextlib.suppress(NotLeading):
+                await self.publisher.remove_orphans(self.fleet.nodes)
         log.info("read the cluster", policies=len(self.fleet.policies), nodes=len(self.fleet.nodes),
                  gpu_nodes=len(self.fleet.gpu_nodes()), claims=len(self.fleet.claims))
         # A status pass on a half-swept fleet would count half the GPUs and write that.
@@ -199,6 +213,33 @@ class Controller:
             asyncio.create_task(self._write_statuses(), name="tessera-policy-status"),
         ]
         self.ready.set()
+
+    # -- leadership (the elector in tessera.controller.leadership calls these) ---------------
+
+    def lead(self) -> None:
+        """This replica holds the lease: reconcile every node, after removing orphaned slices.
+        What an earlier term of ours proved about handovers (taints acknowledged, failures
+        counted) counts no more: another leader may have written since."""
+        if self._terms:
+            self._tainted.clear()
+            self._failures.clear()
+            self._unswept = set(self.fleet.nodes)
+            if self._unswept:
+                self._swept.clear()
+        self._terms += 1
+        self.leading.set()
+        if self.ready.is_set():  # else start() is still reading the cluster, and does this itself
+            self._tasks.append(asyncio.create_task(self._begin_term(), name="tessera-term"))
+
+    def follow(self) -> None:
+        """Another replica leads (or may): stop taking work; writes under way meet the fence."""
+        self.leading.clear()
+
+    async def _begin_term(self) -> None:
+        with contextlib.suppress(NotLeading):
+            await self.publisher.remove_orphans(self.fleet.nodes)
+        self.enqueue_all()
+        self.status_changed()
 
     async def _list_until_answered(self, resource: tuple[str, str, str]) -> list[dict[str, Any]]:
         """A list at start, tried again after a backoff until the apiserver answers: the
@@ -231,12 +272,16 @@ class Controller:
 
     async def _work(self) -> None:
         while True:
+            await self.leading.wait()
             node = await self._queue.get()
             self._queued.discard(node)
             self._active.add(node)
             started = time.perf_counter()
             try:
                 await self.reconcile(node)
+            except NotLeading:
+                self._again.add(node)  # for the next term
+                self._unswept.add(node)
             except ApiError as exc:
                 self._retry(node, f"API error {exc.status}: {exc.reason}")
             except Exception as exc:  # a bug must not stop the loop for every other node
@@ -489,22 +534,30 @@ class Controller:
     # -- SharingPolicy status --------------------------------------------------------------
 
     async def _write_statuses(self) -> None:
-        await self._swept.wait()
         while True:
             await self._status_dirty.wait()
             # Let a burst of reconciles land first. A pass costs time in proportion to the fleet,
             # so passes are spaced to spend at most a tenth of the time computing statuses.
             await asyncio.sleep(max(0.2, 10 * self._pass_cost))
+            await self.leading.wait()
+            await self._swept.wait()
             self._status_dirty.clear()
             try:
                 await self.write_policy_statuses()
                 STATUS_PASSES.inc()
+            except NotLeading:
+                self._status_dirty.set()  # the next term writes it
             except Exception:  # keep the loop alive whatever one pass hit
                 log.exception("writing SharingPolicy status failed; will retry")
                 await asyncio.sleep(1.0)
                 self._status_dirty.set()
 
     async def write_policy_statuses(self) -> None:
+        for body in list(self.fleet.policy_bodies.values()):
+            if LEGACY_FINALIZER in (body["metadata"].get("finalizers") or []):
+                with contextlib.suppress(ApiError):  # gone, or changed: its next event brings it back here
+                    lift = self.api.remove_policy_finalizer(body, LEGACY_FINALIZER)
+                    await self._write("sharingpolicy/finalizer", lift)
         pending = {node: d.epoch < self.policy_epoch for node, d in self.decisions.items()}
         decisions = list(self.decisions.values())
         self._pass_cost = 0.0
