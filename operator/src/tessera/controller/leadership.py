@@ -58,6 +58,8 @@ log = structlog.get_logger("tessera.operator")
 LEADER = Gauge("tessera_operator_leader", "1 while this replica holds the operator's Lease, else 0")
 LEASE_TRANSITIONS = Gauge("tessera_operator_lease_transitions",
                           "leaseTransitions of the operator's Lease as this replica last saw it")
+FENCED_WRITES = Gauge("tessera_operator_fenced_writes",
+                      "Writes the fence refused since start (this replica did not hold the lease)")
 LEADERSHIP_CHANGES = Counter("tessera_operator_leadership_changes_total",
                              "Times this replica started or stopped leading", ["change"])
 
@@ -92,6 +94,7 @@ class Leadership:
     def __init__(self, settings: LeaseSettings, kubeconfig: str | None = None) -> None:
         self.settings = settings
         self.fence = WriteFence()
+        FENCED_WRITES.set_function(lambda: self.fence.refused)
         on_write: Callable[[str, str], None] | None = WriteLog(settings.write_log) if settings.write_log else None
         self.client = KubeClient.from_environment(kubeconfig, fence=self.fence, on_write=on_write)
         self._lease_client = KubeClient.from_environment(kubeconfig)  # never fenced, never queued behind writes

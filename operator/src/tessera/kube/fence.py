@@ -33,6 +33,7 @@ class WriteFence:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._until = float("-inf")
+        self.refused = 0  # writes refused so far
 
     def open_until(self, deadline: float) -> None:
         """Writes are allowed until ``deadline`` (a reading of ``clock``)."""
@@ -56,4 +57,5 @@ class WriteFence:
     def check(self, method: str, url: object) -> None:
         """Raise :class:`NotLeading` for a mutating ``method`` while the fence is shut."""
         if method in MUTATING_METHODS and not self.is_open():
+            self.refused += 1
             raise NotLeading(f"{method} {url} refused: this replica does not hold the lease")
