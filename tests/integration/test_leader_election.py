@@ -28,6 +28,7 @@ from tessera.kube.lease import LeaseElector, LeaseTiming
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
+from tests.integration.campaign import read_write_log, writes_only
 from tests.integration.kube_helpers import apply, get, gpu_node, policy, wait_policy
 
 pytestmark = pytest.mark.integration
@@ -198,14 +199,9 @@ def start_operator(processes: TesseraProcesses, name: str) -> tuple[TesseraProce
     return processes.operator(name, env=env), log
 
 
-def writes_in(log: Path, since: float = float("-inf"), until: float = float("inf")) -> list[str]:
-    """Lines of a write log whose wire time (monotonic seconds) lies in [since, until)."""
-    out = []
-    for line in log.read_text().splitlines():
-        at = int(line.split(" ", 1)[0]) / 1e9
-        if since <= at < until:
-            out.append(line)
-    return out
+def writes_in(log: Path, since: float = float("-inf")) -> list[tuple[float, str]]:
+    """The writes of an operator's write log whose wire time (monotonic seconds) is ``since`` or later."""
+    return writes_only(read_write_log(log), since)
 
 
 async def roles(*processes: TesseraProcess) -> list[str | None]:
@@ -261,7 +257,7 @@ async def test_a_killed_leader_is_replaced_by_the_standby_which_then_writes(
     apply(cluster, change)
     assert await one_leader(standby, timeout=30) is standby
     await wait_for(lambda: writes_in(standby_log), timeout=30, message="the new leader's first write")
-    first = min(int(line.split(" ", 1)[0]) for line in writes_in(standby_log)) / 1e9
+    first = min(at for at, _ in writes_in(standby_log))
     assert first - killed >= 6 - 1.5, "the standby wrote before the old lease could have expired"
     body = await wait_policy(cluster, "leader-kill", "Ready", "True", timeout=60)
     assert body["status"]["observedGeneration"] == body["metadata"]["generation"]

@@ -40,7 +40,6 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -78,14 +77,18 @@ class LeaseSettings:
 
 class WriteLog:
     """Tests only: one line per mutating request as it goes onto the wire, ``<monotonic ns>
-    <method> <url>``. ``time.monotonic`` is one clock for every process on a Linux machine, so a
-    test can set these lines against the moments it froze and woke this process."""
+    <method> <url>``, and ``<monotonic ns> LEADING`` when this replica starts to lead.
+    ``time.monotonic`` is one clock for every process on a Linux machine, so a test can set
+    these lines against the moments it froze and woke this process, and against other replicas'."""
 
     def __init__(self, path: str) -> None:
         self._file: TextIO = open(path, "a", buffering=1)  # noqa: SIM115 (open for the process's life)
 
     def __call__(self, method: str, url: str) -> None:
         self._file.write(f"{time.monotonic_ns()} {method} {url}\n")
+
+    def leading(self) -> None:
+        self._file.write(f"{time.monotonic_ns()} LEADING\n")
 
 
 class Leadership:
@@ -95,8 +98,8 @@ class Leadership:
         self.settings = settings
         self.fence = WriteFence()
         FENCED_WRITES.set_function(lambda: self.fence.refused)
-        on_write: Callable[[str, str], None] | None = WriteLog(settings.write_log) if settings.write_log else None
-        self.client = KubeClient.from_environment(kubeconfig, fence=self.fence, on_write=on_write)
+        self.write_log = WriteLog(settings.write_log) if settings.write_log else None
+        self.client = KubeClient.from_environment(kubeconfig, fence=self.fence, on_write=self.write_log)
         self._lease_client = KubeClient.from_environment(kubeconfig)  # never fenced, never queued behind writes
         identity = settings.identity or default_identity(os.environ.get("POD_NAME"), socket.gethostname())
         self.elector = LeaseElector(self._lease_client, settings.namespace, settings.name, identity, self.fence,
@@ -132,6 +135,8 @@ class Leadership:
         return "leader" if self.elector.leading and self.fence.is_open() else "standby"
 
     def _started(self) -> None:
+        if self.write_log is not None:
+            self.write_log.leading()
         LEADER.set(1)
         LEADERSHIP_CHANGES.labels("started").inc()
         if self.controller is not None:

@@ -236,10 +236,14 @@ class Controller:
         self.leading.clear()
 
     async def _begin_term(self) -> None:
-        with contextlib.suppress(NotLeading):
-            await self.publisher.remove_orphans(self.fleet.nodes)
         self.enqueue_all()
         self.status_changed()
+        try:
+            await self.publisher.remove_orphans(self.fleet.nodes)
+        except NotLeading:
+            pass
+        except Exception as exc:  # the apiserver away: the next term (or the Node's ownership of them) clears them
+            log.warning("could not remove orphaned slices", error=repr(exc))
 
     async def _list_until_answered(self, resource: tuple[str, str, str]) -> list[dict[str, Any]]:
         """A list at start, tried again after a backoff until the apiserver answers: the
