@@ -97,7 +97,7 @@ class CampaignReport:
         p99 = conv[min(len(conv) - 1, int(len(conv) * 0.99))] if conv else float("nan")
         return (
             f"seed {self.seed}: {self.steps} steps, {self.faults} faults injected "
-            f"({', '.join(f'{a} {n}' for a, n in sorted(self.actions.items()) if a in FAULTS)}), "
+            f"({', '.join(f'{a} {self.actions[a]}' for a in sorted(FAULTS))}), "
             f"{sum(self.actions.values()) - self.faults} other actions ({self.failed_actions} refused while the "
             f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations; "
             f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
