@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tessera.controller.runtime import FreshClaims
+from tessera.controller.freshclaims import FreshClaims
 from tests.controller_fleet import claim_body
 
 
