@@ -139,7 +139,7 @@ def install(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> 
         for node in (H100_NODE, H200_NODE)
     }
     runners = [TesseraProcesses(operator_id, folder)]  # the processes get this kubeconfig and nothing else
-    operator = runners[0].operator()
+    operator = runners[0].operator(env={"TESSERA_LEASE_NAMESPACE": INSTALL_NAMESPACE})  # as the Deployment's
     agents = {}
     for node, simulate in ((H100_NODE, "1xH100-80GB"), (H200_NODE, "1xH200-141GB")):
         runners.append(TesseraProcesses(agent_ids[node], folder))
@@ -227,7 +227,12 @@ RBAC_MATRIX = [
     (OPERATOR_SA, "delete", "resourceslices.resource.k8s.io", [], True),
     (OPERATOR_SA, "create", "pods", ["--subresource=eviction", "-n", "team-a"], True),
     (OPERATOR_SA, "create", "events", ["-n", "default"], True),
-    (OPERATOR_SA, "create", "events", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "create", "events", ["-n", INSTALL_NAMESPACE], False),  # Kopf posts no events any more
+    (OPERATOR_SA, "create", "leases.coordination.k8s.io", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "update", "leases.coordination.k8s.io/tessera-operator", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "watch", "leases.coordination.k8s.io/tessera-operator", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "update", "leases.coordination.k8s.io/kube-scheduler", ["-n", "kube-system"], False),
+    (OPERATOR_SA, "update", "leases.coordination.k8s.io/other", ["-n", INSTALL_NAMESPACE], False),
     (OPERATOR_SA, "watch", "customresourcedefinitions.apiextensions.k8s.io", [], True),
     (OPERATOR_SA, "create", "sharingpolicies.tessera.dev", [], False),
     (OPERATOR_SA, "delete", "sharingpolicies.tessera.dev", [], False),
