@@ -170,7 +170,7 @@ def test_every_object_of_the_install_is_accepted(cluster: LocalCluster, install:
             args += ["-n", meta["namespace"]]
         assert get_or_none(cluster, *args) is not None, f"{kind}/{meta['name']} is not in the cluster"
     deployment = get(cluster, "deployment", "tessera-operator", "-n", INSTALL_NAMESPACE)
-    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["replicas"] == 2  # a leader and a warm standby
     daemonset = get(cluster, "daemonset", "tessera-agent", "-n", INSTALL_NAMESPACE)
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] is True
     assert "deployment.apps/tessera-operator" in install.apply_output
