@@ -260,6 +260,12 @@ OPERATOR_RESOURCES = {
         ("kube/objects.py", '"sharingpolicies"'), ("controller/handlers.py", "POLICIES")],
     ("tessera.dev", "sharingpolicies/status"): [
         ("kube/objects.py", '"sharingpolicies"'), ("kube/objects.py", 'subresource="status"')],
+    ("tessera.dev", "networksharingpolicies"): [
+        ("controller/nics.py", '"networksharingpolicies"'),
+        ("controller/nics.py", "*NETWORK_POLICIES, self.policy_seen"),
+    ],
+    ("tessera.dev", "networksharingpolicies/status"): [
+        ("controller/nics.py", "resource_path(*NETWORK_POLICIES, name, subresource=\"status\")")],
     ("tessera.dev", "nodelayouts"): [
         ("kube/objects.py", "resource_path(*LAYOUTS, name)"), ("controller/runtime.py", "*LAYOUTS")],
     ("", "nodes"): [("kube/objects.py", 'NODES = ("", "v1", "nodes")'), ("controller/runtime.py", "*NODES")],
@@ -268,6 +274,7 @@ OPERATOR_RESOURCES = {
     ("resource.k8s.io", "resourceslices"): [
         ("kube/objects.py", '"resourceslices"'), ("controller/runtime.py", "*SLICES")],
     ("", "pods/eviction"): [("kube/objects.py", 'subresource="eviction"')],
+    ("", "pods"): [("controller/demand.py", 'PODS = ("", "v1", "pods")'), ("controller/runtime.py", "*PODS")],
     ("", "events"): [("kube/objects.py", 'resource_path("", "v1", "events"')],
     ("coordination.k8s.io", "leases"): [("kube/lease.py", '"leases"'), ("kube/lease.py", "self.client.replace(")],
     ("apiextensions.k8s.io", "customresourcedefinitions"): [(KOPF_OBSERVER, "references.CRDS")],
@@ -282,6 +289,7 @@ AGENT_RESOURCES = {
     ],
     ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", 'subresource="status"')],
     ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", '"apply"')],
+    ("resource.k8s.io", "resourceslices"): [("agent/nics/plugin.py", '"resourceslices"')],
 }
 
 

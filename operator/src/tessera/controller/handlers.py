@@ -22,6 +22,7 @@ import kopf
 
 from tessera import API_GROUP
 from tessera.controller.leadership import Leadership, LeaseSettings
+from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
 from tessera.kube.lease import LeaseTiming
 from tessera.kube.objects import CLAIMS, POLICIES, Api
@@ -76,12 +77,16 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     if ready_port:
         await leadership.serve_readiness(ready_port)
     await controller.start()
+    memo.nics = NicPublisher(Api(leadership.client))  # the NIC family's room: tessera.controller.nics
+    await memo.nics.start()
 
 
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: Any, **_: Any) -> None:
     if getattr(memo, "leadership", None) is not None:
         memo.leadership.fence.shut()  # nothing more from this replica, then the lease goes
+    if getattr(memo, "nics", None) is not None:
+        await memo.nics.stop()
     if getattr(memo, "controller", None) is not None:
         await _controller(memo).stop()
     if getattr(memo, "leadership", None) is not None:
