@@ -22,6 +22,7 @@ from typing import Any
 
 from tessera.agent.backends.base import GpuInfo
 from tessera.agent.reconciler import Blocker, BlockReason, Operation, devices_changed
+from tessera.models.allocation import allocation_results, claim_key
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
 
@@ -36,22 +37,14 @@ class ClaimedDevice:
 
 def allocated_devices_on_node(claims: Sequence[Mapping[str, Any]], driver: str, node: str) -> list[ClaimedDevice]:
     """Every device of ``driver`` in ``node``'s pool (pool name = node name) that an allocation
-    names, whether or not the claim is prepared or reserved yet. An admin-access result (a
-    monitoring claim looking at the device) holds nothing: it never keeps a device alive, as the
-    operator's drain does not wait for it either."""
-    out: list[ClaimedDevice] = []
-    for claim in claims:
-        meta = claim.get("metadata") or {}
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") == driver and result.get("pool") == node and result.get("adminAccess") is not True:
-                out.append(
-                    ClaimedDevice(
-                        claim=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-                        device=str(result.get("device", "")),
-                        shared=bool(result.get("shareID")),
-                    )
-                )
+    names, whether or not the claim is prepared or reserved yet; what a claim holds (an
+    admin-access result holds nothing) is ``tessera.models.allocation``'s answer, the same one
+    the operator's handover reads."""
+    out = [
+        ClaimedDevice(claim=claim_key(claim), device=result.device, shared=result.shared)
+        for claim in claims
+        for result in allocation_results(claim, driver, pool=node)
+    ]
     return sorted(out, key=lambda c: (c.device, c.claim))
 
 
