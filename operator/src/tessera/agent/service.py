@@ -43,7 +43,15 @@ from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
 from tessera.kube.http import ApiError, KubeClient, retry_delay
-from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status
+from tessera.kube.nodelayouts import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ensure_node_layout,
+    get_node_layout,
+    write_node_layout_status,
+)
+from tessera.kube.watch import ListWatch
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
 AGENT_VERSION = "0.1.0"
@@ -173,7 +181,9 @@ class NodeAgent:
         http = await self._serve_http(port) if port is not None else None
         health_thread = threading.Thread(target=self._health_events, name="gpu-health-events", daemon=True)
         health_thread.start()
-        watcher = asyncio.create_task(self._watch(), name="nodelayout-watch")
+        watcher = ListWatch(self.api, GROUP, VERSION, PLURAL, self._layout_event,
+                            field_selector=f"metadata.name={self.config.node_name}")
+        watcher.start()
         try:
             await self._ensure_layout()
             failures = 0
@@ -183,9 +193,7 @@ class NodeAgent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.next_pass_in(failures))
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await watcher.stop()
             self._stopping.set()
             self._halt.set()
             await asyncio.to_thread(health_thread.join, 1.0)  # a daemon thread: a blocked wait does not hold exit
@@ -202,7 +210,7 @@ class NodeAgent:
         return min(retry_delay(failures - 1), self.config.resync_seconds)
 
     async def _ensure_layout(self) -> None:
-        delay = 1.0
+        attempt = 0
         while not self._stopping.is_set():
             try:
                 await ensure_node_layout(self.api, self.config.node_name)
@@ -210,8 +218,8 @@ class NodeAgent:
             except (LookupError, ApiError) as e:
                 log.warning("cannot get or create the NodeLayout yet", node=self.config.node_name, error=str(e))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-                delay = min(delay * 2, 30.0)
+                    await asyncio.wait_for(self._stopping.wait(), timeout=retry_delay(attempt))
+                attempt += 1
 
     async def reconcile_once(self) -> NodeLayoutStatus | None:
         """One pass: read the spec, apply it, write the status. Errors are logged, not raised."""
@@ -297,22 +305,15 @@ class NodeAgent:
 
         return ClaimGuard(list_claims, driver=DRIVER_NAME, node=self.config.node_name, spec=spec, published=previous)
 
-    async def _watch(self) -> None:
-        """Wake the loop when the NodeLayout changes; the watch restarts when the server ends it."""
-        while not self._stopping.is_set():
-            try:
-                async for kind, obj in watch_node_layout(self.api, self.config.node_name):
-                    status_only = self._status is not None and obj.get("metadata", {}).get(
-                        "generation"
-                    ) == self._status.observed_generation
-                    if kind == "DELETED" or not status_only:
-                        self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a broken watch is logged and restarted, never fatal
-                log.warning("NodeLayout watch ended", error=str(e))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=2.0)
+    def _layout_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Wake the loop when the NodeLayout changes (or goes), not for the echo of the status
+        it wrote itself. ``ListWatch`` keeps the watch going: resumed where the server ended it,
+        a fresh list after 410 Gone, other failures retried on ``retry_delay``'s schedule."""
+        status_only = self._status is not None and (obj.get("metadata") or {}).get(
+            "generation"
+        ) == self._status.observed_generation
+        if kind == "DELETED" or not status_only:
+            self._wake.set()
 
     def _health_events(self) -> None:
         """Thread: block on the backend's health events, count them, wake the loop."""

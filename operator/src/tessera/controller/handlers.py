@@ -21,7 +21,7 @@ import kopf
 
 from tessera import API_GROUP
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
-from tessera.kube.http import KubeClient
+from tessera.kube.http import RETRY_BACKOFF, KubeClient
 from tessera.kube.objects import CLAIMS, POLICIES, Api
 
 registry = kopf.OperatorRegistry()
@@ -50,7 +50,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.standalone = True  # one active replica (Deployment strategy Recreate)
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.networking.error_backoffs = [1, 2, 5, 10]
+    settings.networking.error_backoffs = list(RETRY_BACKOFF)  # Tessera's one retry schedule
     client = KubeClient.from_environment(os.environ.get("KUBECONFIG"))
     memo.client = client
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))

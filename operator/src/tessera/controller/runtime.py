@@ -258,7 +258,7 @@ class Controller:
     def _retry(self, node: str, why: str) -> None:
         RECONCILES.labels("error").inc()
         count = self._failures[node] = self._failures.get(node, 0) + 1
-        delay = min(0.5 * 2 ** (count - 1), 60.0)
+        delay = retry_delay(count - 1)
         log.warning("reconcile will be retried", node=node, why=why, retry_in=delay)
         self._later(node, delay)
 

@@ -12,9 +12,16 @@ read again when the kubelet rotates it.
 It is Tessera's one Kubernetes client, so that neither the node agent nor the operator loads a
 library of a thousand API models to read a few kinds of object. Tokens and keys never appear in
 a repr or a log.
+It also owns Tessera's one retry schedule: ``retry_delay(attempt)`` is how long any caller waits
+before trying a failed call again (``RETRY_BACKOFF``: 1, 2, 5, then every 10 s), and every
+retry loop of Tessera asks it: the operator's reconcile of a node and its start-up lists, the
+``ListWatch`` loops (the agent's NodeLayout watch among them), the agent's passes after a failure
+and its wait for its NodeLayout, and Kopf's own ``error_backoffs``. One schedule of its own:
+``CONFLICT_BACKOFF``, for a write that lost an optimistic-concurrency race (409 Conflict) and is
+read and tried again at once: the other writer is done within milliseconds, not seconds.
 Not for: what the calls mean (``tessera.kube.nodelayouts``, ``claims``, ``claimstatus``,
-``objects``), keeping a view current (``tessera.kube.watch``), or retrying (callers decide which
-errors are worth another try).
+``objects``), keeping a view current (``tessera.kube.watch``), or which errors are worth another
+try (the callers decide).
 """
 
 from __future__ import annotations
@@ -37,11 +44,14 @@ import aiohttp
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates projected tokens well before they expire
 RETRY_BACKOFF: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0)  # seconds before the 1st, 2nd, 3rd, 4th and later retry
+CONFLICT_BACKOFF: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)  # a 409 Conflict: read again and retry soon
 
 
 def retry_delay(attempt: int, backoff: Sequence[float] = RETRY_BACKOFF) -> float:
-    """Seconds to wait before retry number ``attempt`` (0: the first) of a call that failed."""
-    return backoff[min(attempt, len(backoff) - 1)]
+    """Seconds to wait before retry number ``attempt`` (0: the first) of a call that failed;
+    past the end of ``backoff`` its last step repeats."""
+    return backoff[min(max(attempt, 0), len(backoff) - 1)]
+
 
 Objects = list[dict[str, Any]]  # named here: inside KubeClient, ``list`` is the method
 PatchType = Literal["merge", "strategic", "json", "apply"]
