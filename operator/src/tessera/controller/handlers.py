@@ -32,11 +32,29 @@ def _controller(memo: Any) -> Controller:
     return controller
 
 
+def _client(memo: Any) -> KubeClient:
+    """Tessera's client, made once: Kopf's login and the Controller share its credentials."""
+    if getattr(memo, "client", None) is None:
+        memo.client = KubeClient.from_environment(os.environ.get("KUBECONFIG"))
+    client: KubeClient = memo.client
+    return client
+
+
 @kopf.on.login(registry=registry)
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    if os.environ.get("KUBECONFIG"):
-        return kopf.login_with_kubeconfig(**kwargs)
-    return kopf.login_with_service_account(**kwargs)
+async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """Kopf connects with the credentials Tessera's client has (one kubeconfig path, one
+    parser, exec plugins included). Kopf asks again when its token expired or was refused, so
+    the token is fetched afresh: the exec plugin runs again, a token file is read again."""
+    client = _client(memo)
+    await client.refresh_credentials(force=True)
+    token = await client.bearer_token()
+    c = client.credentials
+    return kopf.ConnectionInfo(
+        server=c.server, ca_path=c.ca_file, ca_data=c.ca_data, insecure=c.insecure or None,
+        certificate_path=c.cert_file, private_key_path=c.key_file,
+        certificate_data=c.cert_data, private_key_data=c.key_data,
+        token=token, expiration=client.token_expires_at,
+    )
 
 
 @kopf.on.startup(registry=registry)
@@ -51,8 +69,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = list(RETRY_BACKOFF)  # Tessera's one retry schedule
-    client = KubeClient.from_environment(os.environ.get("KUBECONFIG"))
-    memo.client = client
+    client = _client(memo)
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
     # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
     memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))

@@ -6,8 +6,13 @@ merge, JSON patch, server-side apply with a field manager), delete, and watch (n
 JSON events; bookmarks are not passed on; a 410 Gone starts the watch again from the current
 state). Any answer outside 2xx raises ``ApiError`` with the
 apiserver's Status. Credentials come from a kubeconfig (server, CA, client certificate and
-key, bearer token or token file) or from the in-cluster service account, whose token file is
-read again when the kubelet rotates it.
+key, bearer token or token file, or an ``exec`` credential plugin: ``tessera.kube.execauth``,
+run again before its token expires and after a 401) or from the in-cluster service account,
+whose token file is read again when the kubelet rotates it. Kubeconfig users Tessera does not
+support are refused with an error that names them: ``auth-provider`` (kubectl removed its
+gcp and azure providers; use their exec plugins, or kubelogin for oidc), ``username`` and
+``password`` (basic authentication, gone from Kubernetes since 1.19), and impersonation
+(``as``, ``as-uid``, ``as-groups``, ``as-user-extra``).
 
 It is Tessera's one Kubernetes client, so that neither the node agent nor the operator loads a
 library of a thousand API models to read a few kinds of object. Tokens and keys never appear in
@@ -26,6 +31,7 @@ try (the callers decide).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -34,12 +40,15 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
+
+from tessera.kube.execauth import ExecPlugin, ExecToken, run_exec_plugin
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates projected tokens well before they expire
@@ -116,6 +125,7 @@ class Credentials:
     key_data: bytes | None = field(default=None, repr=False)  # PEM
     token: str | None = field(default=None, repr=False)
     token_file: str | None = None
+    exec_plugin: ExecPlugin | None = None  # a kubeconfig's exec credential plugin
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         """The TLS settings for aiohttp: our CA and client certificate, or False (no checks)."""
@@ -135,9 +145,22 @@ class Credentials:
         return context
 
 
+UNSUPPORTED_USER_FIELDS: dict[str, str] = {
+    "auth-provider": "use the provider's exec credential plugin instead (gke-gcloud-auth-plugin, kubelogin; "
+                     "kubelogin also serves oidc)",
+    "username": "basic authentication is gone from Kubernetes: use a token, a client certificate or an exec plugin",
+    "password": "basic authentication is gone from Kubernetes: use a token, a client certificate or an exec plugin",
+    "as": "impersonation is not supported: use the impersonated identity's own credentials",
+    "as-uid": "impersonation is not supported: use the impersonated identity's own credentials",
+    "as-groups": "impersonation is not supported: use the impersonated identity's own credentials",
+    "as-user-extra": "impersonation is not supported: use the impersonated identity's own credentials",
+}
+
+
 def load_kubeconfig(path: str | Path) -> Credentials:
     """The credentials of a kubeconfig's current context. Relative file names are relative to
-    the kubeconfig's folder, as kubectl reads them."""
+    the kubeconfig's folder, as kubectl reads them. A user Tessera cannot authenticate as
+    (``UNSUPPORTED_USER_FIELDS``) raises ValueError naming the field and what to use instead."""
     import yaml  # here, not above: an agent in a Pod reads no kubeconfig and need not load YAML
 
     path = Path(path)
@@ -153,6 +176,13 @@ def load_kubeconfig(path: str | Path) -> Credentials:
     if cluster is None or not cluster.get("server"):
         raise ValueError(f"{path}: context {context_name!r} names no cluster with a server")
     user = users.get(context.get("user"), {})
+    where = f"{path}: user {context.get('user')!r}"
+    for key, instead in UNSUPPORTED_USER_FIELDS.items():
+        if user.get(key):
+            raise ValueError(f"{where}: {key} is not supported by Tessera's Kubernetes client: {instead}")
+    plugin = None
+    if user.get("exec"):
+        plugin = ExecPlugin.from_kubeconfig(user["exec"], folder=path.parent, cluster=cluster, where=where)
 
     def file(value: str | None) -> str | None:
         return str(path.parent / value) if value else None
@@ -172,6 +202,7 @@ def load_kubeconfig(path: str | Path) -> Credentials:
         key_data=data(user.get("client-key-data")),
         token=user.get("token"),
         token_file=file(user.get("tokenFile")),
+        exec_plugin=plugin,
     )
 
 
@@ -202,6 +233,9 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
         self._token: str | None = credentials.token
         self._token_read_at = -TOKEN_REREAD_SECONDS
+        self._exec_token: ExecToken | None = None
+        self._exec_lock = asyncio.Lock()  # one plugin run at a time, however many requests wait
+        self.exec_runs = 0  # how many times the exec plugin ran (tests)
 
     def __repr__(self) -> str:
         return f"KubeClient(server={self.credentials.server!r})"
@@ -343,24 +377,60 @@ class KubeClient:
                     content_type: str | None, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections))
-        headers = {"Accept": "application/json"}
-        token = self._bearer_token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         data = None
         if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
             data = json.dumps(body).encode()
         query = {k: str(v) for k, v in (params or {}).items()}
-        return await self._session.request(method, self.credentials.server + path, params=query, data=data,
-                                           headers=headers, ssl=self._ssl, timeout=timeout)
+        for attempt in range(2):
+            headers = {"Accept": "application/json"}
+            if body is not None:
+                headers["Content-Type"] = content_type or "application/json"
+            token = await self.bearer_token()
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            response = await self._session.request(method, self.credentials.server + path, params=query, data=data,
+                                                   headers=headers, ssl=self._ssl, timeout=timeout)
+            if response.status != 401 or self.credentials.exec_plugin is None or attempt:
+                return response
+            # The plugin's token was refused (revoked, or expired early): run it again, once.
+            response.release()
+            await self.refresh_credentials(refused=token)
+        raise AssertionError("unreachable: the second attempt always returns")
 
-    def _bearer_token(self) -> str | None:
-        """The token; one from a file is read again every minute (the kubelet rotates it)."""
+    async def bearer_token(self) -> str | None:
+        """The token to send: the exec plugin's (run again when due), a file's (read again every
+        minute: the kubelet rotates it), or the kubeconfig's."""
+        if self.credentials.exec_plugin is not None:
+            current = self._exec_token
+            if current is None or current.due(datetime.now(UTC)):
+                await self.refresh_credentials(refused=current.token if current else None)
+            return self._exec_token.token if self._exec_token else None
+        return self._file_token()
+
+    def _file_token(self) -> str | None:
         if self.credentials.token_file and time.monotonic() - self._token_read_at >= TOKEN_REREAD_SECONDS:
-            self._token = Path(self.credentials.token_file).read_text().strip()
+            self._token = Path(self.credentials.token_file).read_text().strip()  # a few bytes, from tmpfs
             self._token_read_at = time.monotonic()
         return self._token
+
+    @property
+    def token_expires_at(self) -> datetime | None:
+        """When the exec plugin's current token expires (None: no plugin, or no expiry given)."""
+        return self._exec_token.expires_at if self._exec_token else None
+
+    async def refresh_credentials(self, refused: str | None = None, *, force: bool = False) -> None:
+        """Get new credentials now: run the exec plugin again (unless, without ``force``, another
+        request already replaced ``refused``, the token that failed), read a token file again."""
+        plugin = self.credentials.exec_plugin
+        if plugin is None:
+            self._token_read_at = -TOKEN_REREAD_SECONDS
+            return
+        async with self._exec_lock:
+            current = self._exec_token
+            if not force and current is not None and current.token != refused and not current.due(datetime.now(UTC)):
+                return  # another request ran the plugin while this one waited
+            self._exec_token = await run_exec_plugin(plugin)
+            self.exec_runs += 1
 
 
 async def _json_lines(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:
