@@ -55,7 +55,7 @@ from tessera.kube.watch import ListWatch
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
 AGENT_VERSION = "0.1.0"
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("tessera.agent")
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.kube.http import KubeClient
 from tessera.log import configure_logging
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("tessera.agent")
 
 
 @overload
