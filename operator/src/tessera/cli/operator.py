@@ -15,6 +15,7 @@ from typing import TypeVar
 import kopf
 from prometheus_client import start_http_server
 
+from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS
 from tessera.log import configure_logging
 
 N = TypeVar("N", int, float)
@@ -44,11 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="liveness probe at /healthz (0: off)")
     parser.add_argument("--metrics-port", type=int, default=int(env("TESSERA_METRICS_PORT", "9090")),
                         help="Prometheus metrics at /metrics (0: off)")
-    parser.add_argument("--handover-grace", type=_seconds, default=_seconds(env("TESSERA_HANDOVER_GRACE", "1")),
+    parser.add_argument("--handover-grace", type=_seconds,
+                        default=_seconds(env("TESSERA_HANDOVER_GRACE", str(DEFAULT_HANDOVER_GRACE))),
                         help="seconds between tainting devices that will change and re-reading the claims "
-                        "(scheduling cycles under way finish first); default 1")
-    parser.add_argument("--workers", type=_workers, default=_workers(env("TESSERA_WORKERS", "8")),
-                        help="nodes reconciled at once (a reconcile mostly waits on the API); default 8")
+                        f"(scheduling cycles under way finish first); default {DEFAULT_HANDOVER_GRACE:g}")
+    parser.add_argument("--workers", type=_workers, default=_workers(env("TESSERA_WORKERS", str(DEFAULT_WORKERS))),
+                        help=f"nodes reconciled at once (a reconcile mostly waits on the API); "
+                        f"default {DEFAULT_WORKERS}")
     parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "info"))
     parser.add_argument("--log-json", action="store_true", default=env("TESSERA_LOG_JSON") == "1",
                         help="JSON logs even on a terminal")
