@@ -12,7 +12,6 @@ Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -71,8 +70,6 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.networking.error_backoffs = list(RETRY_BACKOFF)  # Tessera's one retry schedule
     client = _client(memo)
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
-    # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
-    memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))
     workers = int(os.environ.get("TESSERA_WORKERS", DEFAULT_WORKERS))
     controller = Controller(Api(client), workers=workers, handover_grace=grace)
     memo.controller = controller
@@ -107,6 +104,4 @@ async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
 
 @kopf.on.event(*CLAIMS, registry=registry)
 async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    if memo.claim_watch_delay:  # fault injection: a watch that lags behind the scheduler
-        await asyncio.sleep(memo.claim_watch_delay)
     _controller(memo).claim_seen(str(event["type"]), event["object"])

@@ -93,6 +93,7 @@ class TesseraProcesses:
         health: bool = False,
         env: dict[str, str] | None = None,
         prefix: list[str] | None = None,
+        module: str = "tessera",
     ) -> TesseraProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / f"{name}.log"
@@ -106,7 +107,7 @@ class TesseraProcesses:
         }
         with log.open("ab") as out:
             popen = subprocess.Popen(  # argv is ours
-                [*(prefix or []), sys.executable, "-m", "tessera", *args, *ports],
+                [*(prefix or []), sys.executable, "-m", module, *args, *ports],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
                 preexec_fn=_die_with_parent,  # runs between fork and exec
             )
@@ -114,8 +115,11 @@ class TesseraProcesses:
         self.processes.append(process)
         return process
 
-    def operator(self, name: str = "operator", env: dict[str, str] | None = None) -> TesseraProcess:
-        return self._start(name, ["operator"], health=True, env=env)
+    def operator(self, name: str = "operator", env: dict[str, str] | None = None,
+                 module: str = "tessera") -> TesseraProcess:
+        """``tessera operator``; ``module`` runs it through another ``python -m`` entry point
+        that takes the same arguments (a test's wrapper that injects a fault)."""
+        return self._start(name, ["operator"], health=True, env=env, module=module)
 
     def node_folder(self, node: str) -> Path:
         """Where a node's agent keeps what a real node keeps under /var: the simulated GPUs'
