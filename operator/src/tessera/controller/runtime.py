@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import replace
@@ -295,7 +296,7 @@ class Controller:
             # used (an older read would hold on to claims the watch has seen go), then decide
             # again with both: only GPUs whose changing devices were all tainted and that no
             # claim holds get their new layout.
-            fresh = await self.fresh_claims.since(time.monotonic())
+            fresh = await self.fresh_claims.since(self._wave_read_after(cleared))
             decision = decide_node(
                 self.fleet, node, time.monotonic(), drains, {u: d for u, (d, _) in cleared.items()}, fresh
             )
@@ -391,10 +392,32 @@ class Controller:
             if due <= now:
                 ready[uuid] = (known[0], due)
             else:
-                self._later(node, due - now)  # the earliest due wins
+                self._later(node, self._wave_end(due) - now)  # the earliest due wins
         if not tainted:
             self._tainted.pop(node, None)
         return ready
+
+    # One grace and one fresh claim list per wave (issue 22). Nodes handed over together end
+    # their grace together: a grace that would end at ``due`` ends at the next wave boundary
+    # (a multiple of half the grace), so every node whose taint was acknowledged in the same
+    # half-grace comes back at the same moment and asks for a list started at or after it;
+    # FreshClaims gives them all the one list (the first starts it, the others join it or take
+    # its answer). Safety is the same as one list per node: every node's list still starts
+    # after its own taint's grace (a boundary is never before the due it rounds up), so a
+    # scheduling cycle that began before the taint has had its grace, and any claim it
+    # allocated is in the list. The list may also be up to one grace older than the decision it
+    # serves (not older): that can only add holds a claim's deletion has since removed, which
+    # delays a GPU (it drains, and the node comes back), never cuts a device a claim holds.
+    def _wave_end(self, due: float) -> float:
+        step = max(self.handover_grace / 2, 0.01)
+        return math.ceil(due / step) * step
+
+    def _wave_read_after(self, cleared: Mapping[str, tuple[frozenset[str], float]]) -> float:
+        """The moment a fresh claim list for ``cleared`` (GPU -> (devices, grace due)) must start
+        after: its wave's end, and no more than one grace before now (so a later reconcile of the
+        node, e.g. after a drain, reads claims again instead of reusing an old answer)."""
+        wave = self._wave_end(max(due for _, due in cleared.values()))
+        return max(wave, time.monotonic() - self.handover_grace)
 
     def _report_missing(self, node: str, missing: Iterable[MissingDevice]) -> None:
         """Forget what was told of claims no longer missing; keep the gauge without summing
