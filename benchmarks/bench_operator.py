@@ -578,7 +578,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
     rollout_writes = RolloutWrites()
     try:
         print(f"control plane up in {time.monotonic() - started:.1f}s", flush=True)
-        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
+        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml", ROOT / "manifests" / "namespace.yaml")
         t = time.monotonic()
         cluster.kubectl("create", "-o", "name", "-f", "-", input=node_list(nodes), timeout=phase_timeout)
         fig["create N Nodes (one kubectl create)"] = f"{time.monotonic() - t:.1f}s"

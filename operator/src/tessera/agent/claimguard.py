@@ -4,8 +4,9 @@ The operator hands a GPU over safely before it writes a new layout (taint, wait,
 but the scheduler, the operator and the agent race, and a claim allocated in between must
 still keep its device. So right before the reconciler runs an operation that destroys or
 reshapes published devices (``tessera.agent.reconciler.devices_changed``: destroy a MIG
-instance, toggle MIG mode, start or stop MPS, change time-slicing), ``ClaimGuard`` reads every
-ResourceClaim fresh from the API and refuses with ``InstanceInUse`` — naming the claim — when
+instance, toggle MIG mode, start or stop MPS, change time-slicing), ``ClaimGuard`` reads the
+claims as fresh as a quorum read (the agent's ``ClaimView``: its watch, proved current by a
+fence; or a list of every claim) and refuses with ``InstanceInUse`` — naming the claim — when
 an allocation of our driver in this node's pool names one of those devices. When the claims
 cannot be read, it refuses with ``ClaimCheckFailed``: nothing is destroyed on a guess.
 
@@ -51,8 +52,9 @@ def allocated_devices_on_node(claims: Sequence[Mapping[str, Any]], driver: str, 
 class ClaimGuard:
     """A reconciler guard: refuse an operation that would change a device a claim is allocated.
 
-    ``list_claims`` returns every ResourceClaim of the cluster, read fresh (blocking; it is
-    called from the reconciler's worker thread). ``published`` is the status the agent last
+    ``list_claims`` returns ResourceClaims, at least every one whose allocation names this node's
+    pool, with every change committed before the call (blocking; it is called from the
+    reconciler's worker thread). ``published`` is the status the agent last
     wrote, i.e. what the slices show; ``spec`` is the layout being applied."""
 
     def __init__(

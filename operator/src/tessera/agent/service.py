@@ -13,8 +13,9 @@ heartbeat is due. It serves Prometheus metrics on ``/metrics`` and liveness on `
 (503 once no pass has finished for three resync periods) through ``tessera.agent.metricsserver``.
 
 Before an operation destroys or reshapes a published device, the reconciler asks a
-``ClaimGuard``, which reads every ResourceClaim fresh from the API (``tessera.kube.claims``)
-and refuses when an allocation names the device (``tessera.agent.claimguard``).
+``ClaimGuard``, which reads the claims naming this node's devices, proved current by a fence
+(``tessera.agent.claimview``: one claim watch per agent instead of a cluster-wide list per
+operation), and refuses when an allocation names the device (``tessera.agent.claimguard``).
 
 The DRA kubelet plugin shares the backend; it calls ``request_resync()`` after it creates or
 destroys an instance so the status follows at once.
@@ -33,15 +34,15 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from tessera import DRIVER_NAME
+from tessera import DRIVER_NAME, INSTALL_NAMESPACE
 from tessera.agent.backends.base import BackendError, DeviceBackend
 from tessera.agent.claimguard import ClaimGuard
+from tessera.agent.claimview import ClaimView
 from tessera.agent.health import HealthTracker
 from tessera.agent.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, MetricsRegistry
 from tessera.agent.metricsserver import TEXT, MetricsServer
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
-from tessera.kube.claims import list_resource_claims
 from tessera.kube.http import ApiError, KubeClient, retry_delay
 from tessera.kube.nodelayouts import (
     GROUP,
@@ -65,7 +66,8 @@ class AgentConfig:
     metrics_host: str = "0.0.0.0"  # a DaemonSet's metrics port listens on the pod IP
     metrics_port: int | None = 9464  # None: no HTTP server
     health_poll_seconds: float = 5.0
-    claim_check_timeout_seconds: float = 15.0  # reading every ResourceClaim before a destroy
+    claim_check_timeout_seconds: float = 15.0  # proving the claims current before a destroy
+    fence_namespace: str = INSTALL_NAMESPACE  # where the agent's fence claim lives (tessera.agent.claimview)
     health_recovery_seconds: float | None = 600.0  # an unhealthy GPU clears after this long quiet
 
 
@@ -148,6 +150,9 @@ class NodeAgent:
         self._last_write = 0.0
         self._last_pass_done: float | None = None
         self.http_port: int | None = None  # the bound port, once serving
+        self.claims = ClaimView(api, driver=DRIVER_NAME, node=config.node_name,
+                                fence_namespace=config.fence_namespace,
+                                timeout_s=config.claim_check_timeout_seconds)
         self.passes = 0
 
     # -- for the kubelet plugin and tests --
@@ -184,6 +189,7 @@ class NodeAgent:
         watcher = ListWatch(self.api, GROUP, VERSION, PLURAL, self._layout_event,
                             field_selector=f"metadata.name={self.config.node_name}")
         watcher.start()
+        self.claims.start()
         try:
             await self._ensure_layout()
             failures = 0
@@ -194,6 +200,7 @@ class NodeAgent:
                     await asyncio.wait_for(self._wake.wait(), timeout=self.next_pass_in(failures))
         finally:
             await watcher.stop()
+            await self.claims.stop()
             self._stopping.set()
             self._halt.set()
             await asyncio.to_thread(health_thread.join, 1.0)  # a daemon thread: a blocked wait does not hold exit
@@ -294,14 +301,14 @@ class NodeAgent:
             self.metrics.pass_seconds.observe(time.monotonic() - started)
 
     def _claim_guard(self, spec: NodeLayoutSpec, previous: NodeLayoutStatus | None) -> ClaimGuard:
-        """The reconciler's last line: claims read fresh from the API before each destroy. The
-        reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
+        """The reconciler's last line: this node's claims, proved current, before each destroy.
+        The reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
         loop = asyncio.get_running_loop()
         timeout = self.config.claim_check_timeout_seconds
 
         def list_claims() -> list[dict[str, Any]]:
-            future = asyncio.run_coroutine_threadsafe(list_resource_claims(self.api, timeout), loop)
-            return future.result(timeout + 5)
+            future = asyncio.run_coroutine_threadsafe(self.claims.fresh(), loop)
+            return future.result(2 * timeout + 5)  # the fence's write, then its echo
 
         return ClaimGuard(list_claims, driver=DRIVER_NAME, node=self.config.node_name, spec=spec, published=previous)
 

@@ -26,7 +26,7 @@ from tessera.kube.http import RETRY_BACKOFF, ApiError, KubeClient, resource_path
 log = structlog.get_logger("tessera.kube.watch")
 
 OnEvent = Callable[[str, dict[str, Any]], None]  # (ADDED | MODIFIED | DELETED, object)
-Stub = Callable[[Mapping[str, Any]], dict[str, Any]]
+Stub = Callable[[Mapping[str, Any]], dict[str, Any] | None]  # None: not kept (its deletion is not told)
 
 
 def metadata_stub(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,7 +130,9 @@ class ListWatch:
                 item.setdefault("apiVersion", self.api_version)  # list items do not say what they are
                 item.setdefault("kind", kind)
                 key = _key(item)
-                seen[key] = self.stub(item)
+                stub = self.stub(item)
+                if stub is not None:
+                    seen[key] = stub
                 before = self.known.get(key)
                 item_version = (item.get("metadata") or {}).get("resourceVersion")
                 if before is None or before["metadata"].get("resourceVersion") != item_version:
@@ -148,10 +150,11 @@ class ListWatch:
 
     def _deliver(self, kind: str, body: dict[str, Any]) -> None:
         key = _key(body)
-        if kind == "DELETED":
+        stub = None if kind == "DELETED" else self.stub(body)
+        if stub is None:
             self.known.pop(key, None)
         else:
-            self.known[key] = self.stub(body)
+            self.known[key] = stub
         self._call(kind, body)
 
     def _call(self, kind: str, body: dict[str, Any]) -> None:
