@@ -1,18 +1,15 @@
 """The handover's fresh read of claims: every caller gets a list started no earlier than the
-moment it names, and callers waiting together share one list instead of one each; nodes handed
-over in one wave end their grace together and share one list."""
+moment it names, and callers waiting together share one list instead of one each."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
-from tessera.controller.runtime import Controller, FreshClaims
-from tessera.kube.objects import Api
+from tessera.controller.freshclaims import FreshClaims
 from tests.controller_fleet import claim_body
 
 
@@ -75,26 +72,3 @@ async def test_a_failed_list_raises_for_its_callers_and_the_next_one_lists_again
 
     holds = await fresh.since(time.monotonic())
     assert [h.key for h in holds] == ["default/held"]
-
-
-
-async def test_nodes_handed_over_in_one_wave_share_one_grace_end_and_one_list() -> None:
-    """Taints acknowledged within half a grace end their grace at one wave boundary (never before
-    their own due), and the nodes coming back at it share one fresh list started after it."""
-    reader = CountingReader()
-    controller = Controller(cast(Api, object()), handover_grace=1.0)
-    controller.fresh_claims = FreshClaims(reader)
-    boundary = math.ceil(time.monotonic() / 0.5) * 0.5 + 0.5  # the next wave boundary but one
-    dues = [boundary - 0.49, boundary - 0.25, boundary]  # acknowledged within half a grace + 1 s
-    assert {controller._wave_end(due) for due in dues} == {boundary}, "one grace end, at or after each due"
-    assert controller._wave_end(boundary + 0.01) == boundary + 0.5, "the next half-grace is the next wave"
-    await asyncio.sleep(max(0.0, boundary - time.monotonic()))  # the wave's end comes
-
-    moments = [controller._wave_read_after({"GPU-0": (frozenset({"gpu-0"}), due)}) for due in dues]
-    await asyncio.gather(*(controller.fresh_claims.since(m) for m in moments))
-
-    assert all(m >= due for m, due in zip(moments, dues, strict=True)), "each list starts after its node's grace"
-    assert len(reader.calls) == 1, "one fresh list for the wave"
-    assert reader.calls[0] >= boundary
-    long_ago = controller._wave_read_after({"GPU-0": (frozenset({"gpu-0"}), boundary - 60)})
-    assert long_ago >= time.monotonic() - 1.0 - 0.1, "a later reconcile reads claims again, not a minute-old list"

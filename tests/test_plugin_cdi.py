@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.agent.plugin.access import DeviceAccess, build_cdi_devices, mps_limits
 from tessera.agent.plugin.cdi import (
     CDI_KIND,
     CdiDevice,
@@ -24,7 +25,6 @@ from tessera.agent.plugin.cdi import (
     write_claim_spec,
 )
 from tessera.agent.plugin.claims import AllocatedDevice, ClaimError
-from tessera.agent.plugin.prepare import DeviceAccess, build_cdi_devices, mps_limits
 from tessera.models.devices import parse_device_name
 
 UID = "5f0c3a4e-1d2b-4c5d-8e9f-0a1b2c3d4e5f"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tessera.agent.plugin.access import in_use_device_uuids, in_use_gpu_uuids
 from tessera.agent.plugin.checkpoint import (
     CheckpointCorruptError,
     CheckpointData,
@@ -23,7 +24,6 @@ from tessera.agent.plugin.checkpoint import (
     quarantine,
     save_checkpoint,
 )
-from tessera.agent.plugin.prepare import in_use_device_uuids, in_use_gpu_uuids
 
 
 def sample() -> CheckpointData:

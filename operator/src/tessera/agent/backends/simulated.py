@@ -1,13 +1,9 @@
 """Simulated GPUs: the hardware model behind ``SimulatedBackend`` and the tests' NVML stand-in.
 
-``SimulatedHardware`` models what the driver keeps per GPU at NVML's granularity (GPU
-instances, compute instances, MIG mode current/pending, processes, compute mode, MPS daemons,
-health) and enforces the real rules: valid starts, no overlapping placements
-(INSUFFICIENT_RESOURCES), destroy refused while in use (IN_USE), MIG mode toggled at once on
-Hopper and later but left *pending* on Ampere until ``reset_gpu``. GPUs come from the catalog,
-chosen by a spec such as ``4xH100-80GB,2xA100-80GB``; UUIDs are seeded by the node name, so
-two runs describe byte-identical hardware. GPUs sit on an HGX-style board (``board_slot``):
-two behind each PCIe root complex, the roots split between two NUMA nodes.
+``SimulatedHardware`` applies the driver's rules to the state (``simstate``) at NVML's
+granularity: valid starts, no overlapping placements (INSUFFICIENT_RESOURCES), destroy refused
+while in use (IN_USE), MIG mode toggled at once on Hopper and later but left *pending* on
+Ampere until ``reset_gpu``. Each operation first lets an injected fault fire (``simfaults``).
 
 With a ``state_file`` every operation locks the file, reads it, changes it and writes it back,
 so the simulated hardware outlives an agent process (crash-in-the-middle tests restart the
@@ -20,8 +16,10 @@ unhealthy, and when it is healthy again, is the agent's (``tessera.agent.health`
 
 ``SimulatedBackend`` implements ``DeviceBackend`` on top of it; its MPS daemons are real
 stand-in processes (``tessera.agent.backends.mpsstandin``, driven by
-``tessera.agent.backends.mps``) or, for unit tests, an in-memory model. Not for: real GPUs
-(``tessera.agent.backends.nvml``), or deciding layouts.
+``tessera.agent.backends.mps``) or, for unit tests, an in-memory model; with a device folder
+it makes /dev/nvidia* stand-ins (``simdevices``). The names of those three rooms are also
+importable from here, as before. Not for: real GPUs (``tessera.agent.backends.nvml``), or
+deciding layouts.
 """
 
 from __future__ import annotations
@@ -30,20 +28,16 @@ import contextlib
 import fcntl
 import json
 import os
-import re
-import stat
 import sys
 import threading
 import time
-import uuid as uuidlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tessera.agent.backends.base import (
     BackendError,
-    BackendTimeoutError,
     CreatedInstance,
     DriverUnavailableError,
     GpuInfo,
@@ -56,202 +50,45 @@ from tessera.agent.backends.base import (
     MigInstanceInfo,
     MigModeResult,
     MpsDefaults,
-    NoPermissionError,
     NotFoundError,
     NotSupportedError,
     ProfileInfo,
-    ResetRequiredError,
 )
 from tessera.agent.backends.mps import DaemonState, MpsDaemons
-from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, GpuModel, MigProfile, model_by_key
+from tessera.agent.backends.simdevices import NVIDIA_MAJOR, UVM_MAJOR, make_device_nodes, simulated_device_nodes
+from tessera.agent.backends.simfaults import (
+    FAULT_KINDS,
+    FAULT_OPERATIONS,
+    SimulatedCrash,
+    ecc_event,
+    fire_fault,
+    lose,
+    new_fault,
+    xid_event,
+)
+from tessera.agent.backends.simstate import (
+    GPUS_PER_PCIE_ROOT,
+    NUMA_NODES,
+    SIM_CUDA_VERSION,
+    SIM_DRIVER_VERSION,
+    BoardSlot,
+    SimEvent,
+    SimFault,
+    SimGpu,
+    SimInstance,
+    SimState,
+    board_slot,
+    parse_simulate_spec,
+    simulated_gpu_uuid,
+    simulated_mig_uuid,
+)
+from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, GpuModel, MigProfile
 from tessera.models.layout import Health
 from tessera.models.policy import TimeSliceInterval
 
-SIM_DRIVER_VERSION = "580.95.05"
-SIM_CUDA_VERSION = "13.0"
-_NAMESPACE = uuidlib.UUID("6f1c8a52-3f0e-4d7b-9a63-2c1e5b7d9e41")
-_SPEC_ITEM = re.compile(r"^(?:(\d+)\s*[xX]\s*)?([A-Za-z0-9.+-]+)$")
 # Architectures whose MIG mode change waits for a GPU reset.
 _RESET_ARCHITECTURES = frozenset({"Ampere"})
 MAX_GPU_INSTANCE_ID = 14
-
-
-GPUS_PER_PCIE_ROOT = 2
-NUMA_NODES = 2
-
-
-@dataclass(frozen=True, slots=True)
-class BoardSlot:
-    """Where a simulated GPU sits on the board."""
-
-    pci_bus_id: str  # NVML's form
-    pcie_root: str
-    numa_node: int
-
-
-def board_slot(index: int, gpu_count: int) -> BoardSlot:
-    """GPU ``index`` of ``gpu_count`` on an HGX-style board: two GPUs behind each PCIe root
-    complex (they share a PCIe switch), the roots split evenly between two CPU sockets (NUMA
-    nodes). Eight GPUs: roots ``pci0000:10``, ``:30``, ``:50``, ``:70``; GPUs 0-3 on NUMA node 0,
-    4-7 on node 1."""
-    roots = max(1, -(-gpu_count // GPUS_PER_PCIE_ROOT))
-    root = index // GPUS_PER_PCIE_ROOT
-    domain, root_bus = divmod(root, 8)
-    bus = 0x10 + root_bus * 0x20
-    gpu_bus = bus + 0x08 + 0x04 * (index % GPUS_PER_PCIE_ROOT)
-    return BoardSlot(
-        pci_bus_id=f"{domain:08X}:{gpu_bus:02X}:00.0",
-        pcie_root=f"pci{domain:04x}:{bus:02x}",
-        numa_node=min(NUMA_NODES - 1, root * NUMA_NODES // roots),
-    )
-
-
-class SimulatedCrash(Exception):  # noqa: N818 - it is not an error of the code, it is the fault
-    """Injected fault: the agent process 'dies' at this point (tests catch it, then restart)."""
-
-
-_ERRORS: dict[str, type[Exception]] = {
-    "InUse": InUseError,
-    "InsufficientResources": InsufficientResourcesError,
-    "NotSupported": NotSupportedError,
-    "ResetRequired": ResetRequiredError,
-    "NotFound": NotFoundError,
-    "GpuLost": GpuLostError,
-    "NoPermission": NoPermissionError,
-    "Timeout": BackendTimeoutError,
-    "Crash": SimulatedCrash,
-}
-FAULT_KINDS = tuple(_ERRORS)
-FAULT_OPERATIONS = (
-    "set_mig_mode",
-    "create_gpu_instance",
-    "create_compute_instance",
-    "destroy_gpu_instance",
-    "destroy_compute_instance",
-    "set_time_slice",
-    "start_mps",
-    "stop_mps",
-)
-
-
-def parse_simulate_spec(spec: str) -> list[GpuModel]:
-    """``"4xH100-80GB,2xA100-80GB"`` → six catalog models, in order. Errors name the bad part."""
-    models: list[GpuModel] = []
-    for raw in spec.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        m = _SPEC_ITEM.match(item)
-        if m is None:
-            raise ValueError(f"bad GPU spec {item!r}: write COUNTxMODEL, e.g. 4xH100-80GB")
-        count = int(m.group(1) or "1")
-        if not 1 <= count <= 64:
-            raise ValueError(f"bad GPU spec {item!r}: the count must be between 1 and 64")
-        models.extend([model_by_key(m.group(2))] * count)
-    if not models:
-        raise ValueError("the GPU spec is empty: write e.g. 4xH100-80GB,2xA100-80GB")
-    if len(models) > 64:
-        raise ValueError(f"the GPU spec describes {len(models)} GPUs; at most 64 per node")
-    return models
-
-
-def simulated_gpu_uuid(node_name: str, index: int) -> str:
-    return f"GPU-{uuidlib.uuid5(_NAMESPACE, f'{node_name}/gpu/{index}')}"
-
-
-def simulated_mig_uuid(gpu_uuid: str, gpu_instance_id: int, profile_id: int, start: int) -> str:
-    return f"MIG-{uuidlib.uuid5(_NAMESPACE, f'{gpu_uuid}/gi/{gpu_instance_id}/{profile_id}@{start}')}"
-
-
-# --- state (plain data, JSON on disk) ----------------------------------------------------------
-
-
-@dataclass
-class SimInstance:
-    gpu_instance_id: int
-    profile_id: int
-    start: int
-    size: int
-    compute_instance_id: int | None = None
-    uuid: str | None = None
-
-
-@dataclass
-class SimGpu:
-    index: int
-    uuid: str
-    model: str
-    mig_current: bool = False
-    mig_pending: bool = False
-    instances: list[SimInstance] = field(default_factory=list)
-    time_slice: str = TimeSliceInterval.DEFAULT.value
-    compute_mode: int = 0
-    lost: bool = False
-    health: str = Health.HEALTHY.value
-    health_message: str = ""
-
-    @property
-    def catalog(self) -> GpuModel:
-        return model_by_key(self.model)
-
-    def profile_by_id(self, profile_id: int) -> MigProfile:
-        for p in self.catalog.profiles:
-            if p.shape.profile_id == profile_id:
-                return p
-        raise NotSupportedError(f"GPU {self.index} ({self.model}) has no MIG profile id {profile_id}")
-
-    def instance(self, gpu_instance_id: int) -> SimInstance:
-        for i in self.instances:
-            if i.gpu_instance_id == gpu_instance_id:
-                return i
-        raise NotFoundError(f"GPU {self.index} has no GPU instance {gpu_instance_id}")
-
-
-@dataclass
-class SimFault:
-    operation: str
-    error: str
-    gpu_index: int | None = None
-    remaining: int = 1
-    skip: int = 0  # calls that succeed before the fault fires
-
-
-@dataclass
-class SimEvent:
-    gpu_index: int
-    kind: str
-    xid: int | None = None
-    gpu_instance_id: int | None = None
-    message: str = ""
-
-
-@dataclass
-class SimState:
-    node_name: str
-    gpus: list[SimGpu]
-    holds: dict[str, list[str]] = field(default_factory=dict)  # device UUID -> holders
-    mps: dict[str, str] = field(default_factory=dict)  # device UUID -> pipe directory (in-memory daemons)
-    mps_defaults: dict[str, dict[str, int | None]] = field(default_factory=dict)  # device UUID -> MpsDefaults
-    faults: list[SimFault] = field(default_factory=list)
-    events: list[SimEvent] = field(default_factory=list)
-    driver_available: bool = True
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SimState:
-        gpus = [
-            SimGpu(**{**g, "instances": [SimInstance(**i) for i in g.get("instances", [])]})
-            for g in data["gpus"]
-        ]
-        return cls(
-            node_name=data["node_name"],
-            gpus=gpus,
-            holds={k: list(v) for k, v in data.get("holds", {}).items()},
-            mps=dict(data.get("mps", {})),
-            mps_defaults={k: dict(v) for k, v in data.get("mps_defaults", {}).items()},
-            faults=[SimFault(**f) for f in data.get("faults", [])],
-            events=[SimEvent(**e) for e in data.get("events", [])],
-            driver_available=data.get("driver_available", True),
-        )
 
 
 # --- the hardware ------------------------------------------------------------------------------
@@ -377,18 +214,6 @@ class SimulatedHardware:
         return gpu
 
     @staticmethod
-    def _maybe_fail(state: SimState, operation: str, index: int | None) -> None:
-        for f in state.faults:
-            if f.operation == operation and (f.gpu_index is None or f.gpu_index == index):
-                if f.skip > 0:
-                    f.skip -= 1
-                    return
-                f.remaining -= 1
-                if f.remaining <= 0:
-                    state.faults.remove(f)
-                raise _ERRORS[f.error](f"injected fault: {operation} on GPU {index} fails with {f.error}")
-
-    @staticmethod
     def _device_in_use(state: SimState, device_uuid: str | None) -> bool:
         return device_uuid is not None and bool(state.holds.get(device_uuid))
 
@@ -418,7 +243,7 @@ class SimulatedHardware:
             gpu = self._gpu(s, index)
             if not gpu.catalog.mig_capable:
                 raise NotSupportedError(f"GPU {index} ({gpu.model}) does not support MIG")
-            self._maybe_fail(s, "set_mig_mode", index)
+            fire_fault(s, "set_mig_mode", index)
             if enabled == gpu.mig_current:
                 gpu.mig_pending = enabled
                 return gpu.mig_current, gpu.mig_pending
@@ -460,7 +285,7 @@ class SimulatedHardware:
             if not gpu.mig_current:
                 raise NotSupportedError(f"GPU {index} ({gpu.uuid}) is not in MIG mode")
             profile = gpu.profile_by_id(profile_id)
-            self._maybe_fail(s, "create_gpu_instance", index)
+            fire_fault(s, "create_gpu_instance", index)
             if start not in profile.starts:
                 raise InsufficientResourcesError(
                     f"GPU {index}: {profile.name} cannot start at slice {start} "
@@ -492,7 +317,7 @@ class SimulatedHardware:
         with self.transaction() as s:
             gpu = self._gpu(s, index)
             gi = gpu.instance(gpu_instance_id)
-            self._maybe_fail(s, "create_compute_instance", index)
+            fire_fault(s, "create_compute_instance", index)
             if gi.compute_instance_id is not None:
                 raise InsufficientResourcesError(
                     f"GPU {index}: GPU instance {gpu_instance_id} already has its compute instance"
@@ -509,7 +334,7 @@ class SimulatedHardware:
                 raise NotFoundError(f"GPU {index}: GPU instance {gpu_instance_id} has no compute instance")
             if self._device_in_use(s, gi.uuid):
                 raise InUseError(f"GPU {index}: MIG device {gi.uuid} has processes")
-            self._maybe_fail(s, "destroy_compute_instance", index)
+            fire_fault(s, "destroy_compute_instance", index)
             if gi.uuid is not None:
                 s.mps.pop(gi.uuid, None)
             gi.compute_instance_id = None
@@ -523,7 +348,7 @@ class SimulatedHardware:
                 raise InUseError(
                     f"GPU {index}: GPU instance {gpu_instance_id} still has a compute instance; destroy it first"
                 )
-            self._maybe_fail(s, "destroy_gpu_instance", index)
+            fire_fault(s, "destroy_gpu_instance", index)
             gpu.instances.remove(gi)
 
     # -- in use --
@@ -553,7 +378,7 @@ class SimulatedHardware:
     def set_time_slice(self, index: int, interval: TimeSliceInterval) -> None:
         with self.transaction() as s:
             gpu = self._gpu(s, index)
-            self._maybe_fail(s, "set_time_slice", index)
+            fire_fault(s, "set_time_slice", index)
             gpu.time_slice = interval.value
 
     def set_compute_mode(self, index: int, mode: int) -> None:
@@ -575,7 +400,7 @@ class SimulatedHardware:
         with self.transaction() as s:
             gpu, _ = self._find_device(s, device_uuid)
             self._gpu(s, gpu.index)
-            self._maybe_fail(s, operation, gpu.index)
+            fire_fault(s, operation, gpu.index)
 
     def start_mps(self, device_uuid: str, defaults: MpsDefaults | None = None) -> str:
         """The in-memory model of a daemon (no process): a pipe folder name and its defaults."""
@@ -592,7 +417,7 @@ class SimulatedHardware:
             if device_uuid not in s.mps:
                 return
             gpu, _ = self._find_device(s, device_uuid)
-            self._maybe_fail(s, "stop_mps", gpu.index)
+            fire_fault(s, "stop_mps", gpu.index)
             del s.mps[device_uuid]
             s.mps_defaults.pop(device_uuid, None)
 
@@ -603,12 +428,9 @@ class SimulatedHardware:
     ) -> None:
         """After ``after`` good calls, the next ``count`` calls of ``operation`` (on ``gpu_index``,
         or any GPU) fail with ``error`` (a BackendError kind, or ``Crash``)."""
-        if operation not in FAULT_OPERATIONS:
-            raise ValueError(f"unknown operation {operation!r}; one of {', '.join(FAULT_OPERATIONS)}")
-        if error not in _ERRORS:
-            raise ValueError(f"unknown fault {error!r}; one of {', '.join(FAULT_KINDS)}")
+        fault = new_fault(operation, error, gpu_index, count, after)
         with self.transaction() as s:
-            s.faults.append(SimFault(operation, error, gpu_index, count, after))
+            s.faults.append(fault)
 
     def clear_faults(self) -> None:
         with self.transaction() as s:
@@ -619,23 +441,18 @@ class SimulatedHardware:
         GPU still answers probes). The agent marks the GPU unhealthy for a fatal one."""
         with self.transaction() as s:
             self._gpu(s, index, allow_lost=True)
-            message = f"XID {xid}" + (f" on GPU instance {gpu_instance_id}" if gpu_instance_id else "")
-            s.events.append(SimEvent(index, HealthEventKind.XID.value, xid, gpu_instance_id, message))
+            s.events.append(xid_event(index, xid, gpu_instance_id))
 
     def inject_ecc_error(self, index: int) -> None:
         """The driver reports a double-bit ECC error on GPU ``index`` (fatal)."""
         with self.transaction() as s:
             self._gpu(s, index, allow_lost=True)
-            s.events.append(SimEvent(index, HealthEventKind.DOUBLE_BIT_ECC.value, message="double-bit ECC error"))
+            s.events.append(ecc_event(index))
 
     def lose_gpu(self, index: int) -> None:
         """GPU ``index`` falls off the bus: every call on it fails with GPU_IS_LOST until a reset."""
         with self.transaction() as s:
-            gpu = self._gpu(s, index, allow_lost=True)
-            gpu.lost = True
-            gpu.health = Health.LOST.value
-            gpu.health_message = "GPU has fallen off the bus (GPU_IS_LOST); reset the GPU or reboot the node"
-            s.events.append(SimEvent(index, HealthEventKind.GPU_LOST.value, message=gpu.health_message))
+            s.events.append(lose(self._gpu(s, index, allow_lost=True)))
 
     def set_driver_available(self, available: bool) -> None:
         with self.transaction() as s:
@@ -666,37 +483,6 @@ def _profile_info(p: MigProfile) -> ProfileInfo:
 
 # The MPS control program of the simulated backend: a stand-in process with the real one's surface.
 STANDIN_MPS_CONTROL = (sys.executable, "-m", "tessera.agent.backends.mpsstandin")
-
-
-NVIDIA_MAJOR = 195  # the driver's fixed major number; nvidiactl is minor 255
-UVM_MAJOR = 235  # dynamic on real machines; any free number serves a simulated node
-
-
-def simulated_device_nodes(gpu_minors: list[int]) -> list[tuple[str, int, int]]:
-    """(name under /dev, major, minor) of the character devices a node with these GPUs has."""
-    nodes = [("nvidiactl", NVIDIA_MAJOR, 255), ("nvidia-uvm", UVM_MAJOR, 0), ("nvidia-uvm-tools", UVM_MAJOR, 1)]
-    return nodes + [(f"nvidia{m}", NVIDIA_MAJOR, m) for m in gpu_minors]
-
-
-def make_device_nodes(device_dir: Path, gpu_minors: list[int]) -> None:
-    """Character devices standing for /dev/nvidia* under ``device_dir`` (no driver answers
-    them: a container sees them, as it would on a GPU node, and cannot use them)."""
-    device_dir.mkdir(parents=True, exist_ok=True)
-    for name, major, minor in simulated_device_nodes(gpu_minors):
-        path = device_dir / name
-        wanted = os.makedev(major, minor)
-        with contextlib.suppress(FileNotFoundError):
-            st = path.lstat()
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == wanted:
-                continue
-            path.unlink()
-        try:
-            os.mknod(path, 0o666 | stat.S_IFCHR, wanted)
-        except PermissionError as error:
-            raise BackendError(
-                f"cannot make the simulated device node {path} ({error}); simulated device nodes need "
-                "root (CAP_MKNOD): run as root or leave --simulated-dev-dir unset"
-            ) from error
 
 
 class SimulatedBackend:
@@ -894,3 +680,31 @@ class SimulatedBackend:
 
     def close(self) -> None:
         """Nothing to release: the state file is closed after every operation."""
+
+
+__all__ = [  # the rooms' names, importable from here as before the split
+    "FAULT_KINDS",
+    "FAULT_OPERATIONS",
+    "GPUS_PER_PCIE_ROOT",
+    "NUMA_NODES",
+    "NVIDIA_MAJOR",
+    "SIM_CUDA_VERSION",
+    "SIM_DRIVER_VERSION",
+    "STANDIN_MPS_CONTROL",
+    "UVM_MAJOR",
+    "BoardSlot",
+    "SimEvent",
+    "SimFault",
+    "SimGpu",
+    "SimInstance",
+    "SimState",
+    "SimulatedBackend",
+    "SimulatedCrash",
+    "SimulatedHardware",
+    "board_slot",
+    "make_device_nodes",
+    "parse_simulate_spec",
+    "simulated_device_nodes",
+    "simulated_gpu_uuid",
+    "simulated_mig_uuid",
+]

@@ -3,7 +3,8 @@ and unprepare ResourceClaims that were allocated Tessera's devices on this node.
 
 Start it from the agent process with ``serve_plugin`` (or ``KubeletPlugin`` as an async context
 manager) and ask the running plugin ``in_use_device_uuids()`` for the devices the reconciler
-must leave alone. Modules: ``server`` (gRPC, sockets), ``prepare`` (the work), ``claims``
+must leave alone. Modules: ``server`` (gRPC, sockets), ``prepare`` (the steps that act),
+``access`` (what a container gets and what is recorded of a claim: pure builders), ``claims``
 (reading claims), ``cdi`` (spec files), ``checkpoint`` (state on disk), ``hardware`` (what it
 needs from the DeviceBackend), ``proto`` (the kubelet's wire contracts).
 Not for: the reconciler or the backends (``tessera.agent``).

@@ -1,0 +1,91 @@
+"""Every SharingPolicy's status, written in debounced passes over the whole fleet.
+
+A pass waits until every node known at start has been reconciled once (a half-swept fleet
+would count half the GPUs and write that), then runs whenever something marks the statuses
+dirty, after letting a burst of reconciles land: at least 0.2 s, and ten times what the last
+pass spent computing, so statuses take at most a tenth of the time. Only a status that
+differs is written, with an Event for each condition that changed. The policies' epoch goes
+up whenever what a policy asks for changes; a node decided in an older epoch does not count
+as applied.
+Not for: computing a status (``policystatus``, pure) or the decisions it counts (``decide``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import structlog
+from prometheus_client import Counter
+
+from tessera.controller.decide import NodeDecision
+from tessera.controller.policystatus import policy_status, tally, transitions
+from tessera.controller.state import Fleet
+from tessera.models.policy import SharingPolicyStatus
+
+log = structlog.get_logger("tessera.operator")
+
+STATUS_PASSES = Counter("tessera_operator_policy_status_passes", "Passes over every SharingPolicy status")
+
+PatchStatus = Callable[[str, dict[str, Any]], Awaitable[object]]
+PostEvent = Callable[[dict[str, Any], str, str, str], Awaitable[object]]
+
+
+class PolicyStatusWriter:
+    """The policies' epoch, the dirty flag, and the loop that writes statuses."""
+
+    def __init__(self, fleet: Fleet, decisions: Mapping[str, NodeDecision], patch_status: PatchStatus,
+                 post_event: PostEvent) -> None:
+        self._fleet = fleet
+        self._decisions = decisions
+        self._patch_status = patch_status
+        self._post_event = post_event
+        self.epoch = 0  # goes up whenever what a policy asks for changes
+        self._dirty = asyncio.Event()
+        self._pass_cost = 0.0  # seconds the last pass spent computing
+
+    def policies_changed(self) -> None:
+        self.epoch += 1
+        self.changed()
+
+    def changed(self) -> None:
+        self._dirty.set()
+
+    async def run(self, swept: asyncio.Event) -> None:
+        await swept.wait()
+        while True:
+            await self._dirty.wait()
+            await asyncio.sleep(max(0.2, 10 * self._pass_cost))
+            self._dirty.clear()
+            try:
+                await self.write_all()
+                STATUS_PASSES.inc()
+            except Exception:  # keep the loop alive whatever one pass hit
+                log.exception("writing SharingPolicy status failed; will retry")
+                await asyncio.sleep(1.0)
+                self._dirty.set()
+
+    async def write_all(self) -> None:
+        pending = {node: d.epoch < self.epoch for node, d in self._decisions.items()}
+        decisions = list(self._decisions.values())
+        self._pass_cost = 0.0
+        for name, body in sorted(self._fleet.policy_bodies.items()):
+            policy = self._fleet.policies.get(name)
+            if policy is None:
+                continue  # the CRD schema refuses what pydantic would; nothing to report on
+            previous_raw = body.get("status")
+            try:
+                previous = SharingPolicyStatus.model_validate(previous_raw) if previous_raw else None
+            except ValueError:
+                previous = None
+            started = time.perf_counter()
+            status = policy_status(policy, tally(self._fleet, name, decisions, pending), previous)
+            self._pass_cost += time.perf_counter() - started
+            if previous is not None and status == previous:
+                continue
+            await self._patch_status(name, status.to_kube())
+            body["status"] = status.to_kube()
+            for type_, reason, message in transitions(previous, status):
+                await self._post_event(body, type_, reason, message)

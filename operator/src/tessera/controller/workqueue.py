@@ -1,0 +1,124 @@
+"""The operator's work queue: node names in, a few reconciles at once, never two of the same
+node, failures tried again with backoff.
+
+A node enqueued while it is being reconciled is reconciled once more afterwards (the event
+may have come after the reconcile read the view); a node already waiting is not queued twice.
+``later`` brings a node back after a delay, keeping the earliest of several requests.
+``sweep`` names the nodes known at start; :attr:`swept` is set once each has been reconciled
+once, so nothing that summarises the whole fleet runs on half of it.
+
+Not for: what a reconcile does (``runtime.Controller.reconcile``) or any API call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+import structlog
+from prometheus_client import Counter, Histogram
+
+from tessera.kube.http import ApiError, retry_delay
+
+log = structlog.get_logger("tessera.operator")
+
+RECONCILES = Counter("tessera_operator_reconciles_total", "Node reconciles", ["result"])
+RECONCILE_SECONDS = Histogram("tessera_operator_reconcile_seconds", "Time to reconcile one node")
+
+def failure_backoff(failures: int) -> float:
+    """Seconds before a node that failed ``failures`` times in a row is tried again: Tessera's
+    one retry schedule (``tessera.kube.http.retry_delay``)."""
+    return retry_delay(failures - 1)
+
+
+class WorkQueue:
+    """Node names waiting for ``reconcile``, run by ``workers`` tasks."""
+
+    def __init__(self, reconcile: Callable[[str], Awaitable[None]], workers: int) -> None:
+        self._reconcile = reconcile
+        self.workers = workers
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._active: set[str] = set()  # nodes being reconciled now
+        self._again: set[str] = set()  # nodes enqueued while being reconciled: once more afterwards
+        self._failures: dict[str, int] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._unswept: set[str] = set()  # nodes not reconciled since start
+        self.swept = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def enqueue(self, *nodes: str) -> None:
+        for node in nodes:
+            if node in self._active:
+                self._again.add(node)
+            elif node not in self._queued:
+                self._queued.add(node)
+                self._queue.put_nowait(node)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting, running or due again now (timers aside)."""
+        return not (self._queued or self._active or self._again)
+
+    def later(self, node: str, delay: float) -> None:
+        """Reconcile ``node`` again after ``delay``, unless it is already due back sooner."""
+        loop = asyncio.get_running_loop()
+        old = self._timers.get(node)
+        if old is not None and loop.time() < old.when() <= loop.time() + delay:
+            return
+        if old is not None:
+            old.cancel()
+        self._timers[node] = loop.call_later(delay, self.enqueue, node)
+
+    def sweep(self, nodes: Iterable[str]) -> None:
+        """The nodes known at start: :attr:`swept` is set once each has been reconciled."""
+        self._unswept = set(nodes)
+        if not self._unswept:
+            self.swept.set()
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._work(), name=f"tessera-reconcile-{i}") for i in range(self.workers)]
+
+    async def stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _work(self) -> None:
+        while True:
+            node = await self._queue.get()
+            self._queued.discard(node)
+            self._active.add(node)
+            started = time.perf_counter()
+            try:
+                await self._reconcile(node)
+            except ApiError as exc:
+                self._retry(node, f"API error {exc.status}: {exc.reason}")
+            except Exception as exc:  # a bug must not stop the loop for every other node
+                log.exception("reconcile failed", node=node)
+                self._retry(node, repr(exc))
+            else:
+                self._failures.pop(node, None)
+                RECONCILES.labels("ok").inc()
+            finally:
+                RECONCILE_SECONDS.observe(time.perf_counter() - started)
+                self._active.discard(node)
+                self._unswept.discard(node)
+                if not self._unswept:
+                    self.swept.set()
+                if node in self._again:
+                    self._again.discard(node)
+                    self.enqueue(node)
+
+    def _retry(self, node: str, why: str) -> None:
+        RECONCILES.labels("error").inc()
+        count = self._failures[node] = self._failures.get(node, 0) + 1
+        delay = failure_backoff(count)
+        log.warning("reconcile will be retried", node=node, why=why, retry_in=delay)
+        self.later(node, delay)
