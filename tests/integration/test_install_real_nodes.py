@@ -4,7 +4,10 @@ manifests/install.yaml``, the simulated backend chosen by the documented patch
 (``e2e/local/simulated-agent.yaml``). The operator Deployment and the agent DaemonSet run as
 Pods with the shipped RBAC, admission policy, host paths and probes; the sample policies and
 the sample workloads (``e2e/local/samples``: the same claims, a local image) reach Running and
-print the devices they got.
+print the devices they got. Then, on the same node, the Helm chart: it takes that install over
+(nothing allocated is lost), upgrades the agent while the samples hold devices (they keep running,
+the plugin's checkpoint is kept), uninstalls leaving only the CRDs, and installs afresh; a second
+release elsewhere is refused. The seconds a sample's device was missing are printed (``-s``).
 
 Needs root, runc, the CNI plugins, buildah and mmdebstrap (``.ci/run`` installs them);
 skipped with the reason where they are missing, unless ``TESSERA_REQUIRE_REAL_NODES=1``.
@@ -12,9 +15,11 @@ skipped with the reason where they are missing, unless ``TESSERA_REQUIRE_REAL_NO
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,6 +35,7 @@ from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.ownimage import IMAGE, build_own_image, own_image_possible
 from tessera.manifests import load_documents
+from tests.integration.helm_helpers import CHART, helm
 
 pytestmark = pytest.mark.integration
 
@@ -140,3 +146,213 @@ async def test_the_install_runs_as_pods_from_the_local_image_and_the_samples_rea
     for pod in cluster.get_json("pods", "-n", INSTALL_NAMESPACE)["items"]:
         text = cluster.kubectl("logs", pod["metadata"]["name"], "-n", INSTALL_NAMESPACE).stdout
         assert not FORBIDDEN.search(text), f"{pod['metadata']['name']} was refused something:\n{text[-3000:]}"
+
+
+# ---- The Helm chart on the same real node: from the kubectl install above to the chart, an
+# upgrade while Pods hold devices, the uninstall, and a fresh install. One cycle, this cluster.
+
+RELEASE = "tessera"
+SIMULATED_VALUES = ("--set", "agent.backend=simulated", "--set", "agent.simulate=1xH100-80GB\\,1xH200-141GB",
+                    "--set", "agent.simulatedDevDir=/var/lib/tessera/dev")
+SAMPLES = "app.kubernetes.io/part-of=tessera-samples"
+
+
+@dataclass(frozen=True)
+class Holding:
+    """A running sample Pod: its container, and the devices its claims were allocated."""
+
+    container_id: str
+    restarts: int
+    devices: tuple[tuple[str, str], ...]
+
+
+def holdings(cluster: LocalCluster) -> tuple[dict[str, Holding], set[tuple[str, str]]]:
+    """Running sample Pods by namespace/name, and the (pool, device) pairs published untainted,
+    read in one kubectl call."""
+    items = cluster.get_json("pods,resourceclaims,resourceslices", "-A")["items"]
+    claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in items if c["kind"] == "ResourceClaim"}
+    published = {(s["spec"]["pool"]["name"], d["name"]) for s in items if s["kind"] == "ResourceSlice"
+                 for d in s["spec"].get("devices") or [] if not d.get("taints")}
+    held: dict[str, Holding] = {}
+    for pod in items:
+        if pod["kind"] != "Pod" or pod["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") != \
+                "tessera-samples" or not running_and_ready(pod):
+            continue
+        namespace = pod["metadata"]["namespace"]
+        devices = []
+        for status in pod["status"].get("resourceClaimStatuses", []):
+            claim = claims.get((namespace, status.get("resourceClaimName", "")), {})
+            results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+            devices += [(r["pool"], r["device"]) for r in results]
+        container = pod["status"]["containerStatuses"][0]
+        held[f"{namespace}/{pod['metadata']['name']}"] = Holding(
+            container["containerID"], container["restartCount"], tuple(sorted(devices)))
+    return held, published
+
+
+class AvailabilityWatch:
+    """Samples, about every half second while an upgrade runs, whether every sample Pod still
+    runs the same container with the same devices allocated and published untainted; adds up
+    the seconds between a sample that found something missing and the next one."""
+
+    def __init__(self, cluster: LocalCluster, expected: dict[str, Holding]) -> None:
+        self.cluster, self.expected = cluster, expected
+        self.unavailable_seconds = 0.0
+        self.samples = 0
+        self.missing: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _check(self) -> list[str]:
+        held, published = holdings(self.cluster)
+        wrong = []
+        for pod, before in self.expected.items():
+            now = held.get(pod)
+            if now is None or now.container_id != before.container_id or now.restarts != before.restarts:
+                wrong.append(f"{pod} not running its container")
+            elif now.devices != before.devices:
+                wrong.append(f"{pod} holds {now.devices}, not {before.devices}")
+            else:
+                wrong += [f"{pod}: {d} not published" for d in now.devices if d not in published]
+        return wrong
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        last_bad = False
+        while not self._stop.is_set():
+            wrong = self._check()
+            now = time.monotonic()
+            if last_bad:
+                self.unavailable_seconds += now - last
+            last, last_bad = now, bool(wrong)
+            self.samples += 1
+            self.missing += wrong
+            self._stop.wait(0.5)
+
+    def __enter__(self) -> AvailabilityWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+
+def agent_pod(cluster: LocalCluster) -> dict[str, Any]:
+    """The node's one agent Pod that is not going away (an empty object while none or two)."""
+    live = [p for p in pods(cluster, INSTALL_NAMESPACE, "app.kubernetes.io/name=tessera-agent")
+            if not p["metadata"].get("deletionTimestamp")]
+    return live[0] if len(live) == 1 else {"metadata": {"uid": ""}, "spec": {"containers": [{"env": []}]}}
+
+
+def tessera_objects_left(cluster: LocalCluster) -> list[str]:
+    """Every object labelled part of Tessera, but the CRDs and the namespace the test made."""
+    kinds = ("deployments,daemonsets,services,serviceaccounts,configmaps,roles,rolebindings,clusterroles,"
+             "clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings,deviceclasses")
+    items = cluster.get_json(kinds, "-A", "-l", "app.kubernetes.io/part-of=tessera")["items"]
+    return sorted(f"{o['kind']}/{o['metadata']['name']}" for o in items)
+
+
+async def test_the_chart_takes_over_the_kubectl_install_and_nothing_allocated_is_lost(installed: Installed) -> None:
+    cluster = installed.cluster
+    before, _ = holdings(cluster)
+    assert len(before) == 2, "the kubectl install's sample Pods run with their devices"
+    refused = helm("install", RELEASE, str(CHART), "-n", INSTALL_NAMESPACE, *SIMULATED_VALUES,
+                   kubeconfig=cluster.kubeconfig, check=False)
+    assert refused.returncode != 0
+    assert "already installed in this cluster without Helm (kubectl apply" in refused.stderr, refused.stderr
+    install_file = str(ROOT / "manifests" / "install.yaml")
+    # The README's two commands that hand the kubectl install's objects to the release.
+    cluster.kubectl("label", "-f", install_file, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+    cluster.kubectl("annotate", "-f", install_file, f"meta.helm.sh/release-name={RELEASE}",
+                    f"meta.helm.sh/release-namespace={INSTALL_NAMESPACE}", "--overwrite")
+    started = time.monotonic()
+    with AvailabilityWatch(cluster, before) as watch:
+        # --server-side=false: Helm patches (a three-way merge) instead of applying server-side, so
+        # the fields kubectl's apply owns are no conflict, now or in later upgrades ("auto" keeps
+        # the release's method).
+        out = helm("upgrade", "--install", RELEASE, str(CHART), "-n", INSTALL_NAMESPACE, *SIMULATED_VALUES,
+                   "--server-side=false", "--wait", "--timeout", "4m", kubeconfig=cluster.kubeconfig).stdout
+        await wait_for(lambda: running_and_ready(agent_pod(cluster)), timeout=120, interval=1,
+                       message="the chart's agent Pod Ready")
+        await asyncio.sleep(5)  # the agent's first passes, while the watch keeps sampling
+    print(f"\nkubectl install -> chart: {time.monotonic() - started:.0f}s, sample Pods' devices unavailable "
+          f"{watch.unavailable_seconds:.1f}s over {watch.samples} samples {sorted(set(watch.missing))[:4]}")
+    assert "STATUS: deployed" in out
+    assert "keeps the CRDs" in out, "the NOTES say what an uninstall leaves"
+    after, published = holdings(cluster)
+    assert after == before, "every sample Pod runs the same container with the same devices"
+    assert all(d in published for h in after.values() for d in h.devices)
+    assert not [m for m in watch.missing if "not running" in m or "holds" in m], watch.missing
+
+
+async def test_an_upgrade_of_the_agent_keeps_running_pods_and_their_devices(installed: Installed) -> None:
+    cluster = installed.cluster
+    before, _ = holdings(cluster)
+    assert len(before) == 2
+    old_agent = agent_pod(cluster)
+    checkpoint = installed.node.host_path("/var/lib/kubelet/plugins/gpu.tessera.dev/checkpoint.json")
+    prepared = set(json.loads(checkpoint.read_text())["data"]["claims"])
+    assert len(prepared) == 2
+    started = time.monotonic()
+    with AvailabilityWatch(cluster, before) as watch:
+        helm("upgrade", RELEASE, str(CHART), "-n", INSTALL_NAMESPACE, "--reuse-values",
+             "--set", "agent.logLevel=debug", "--wait", "--timeout", "4m", kubeconfig=cluster.kubeconfig)
+
+        def new_agent_ready() -> bool:
+            pod = agent_pod(cluster)
+            env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+            return (pod["metadata"]["uid"] != old_agent["metadata"]["uid"] and running_and_ready(pod)
+                    and env["TESSERA_LOG_LEVEL"] == "debug")
+
+        await wait_for(new_agent_ready, timeout=120, interval=1, message="the agent rolled to log level debug")
+        await asyncio.sleep(5)  # the new agent's first passes, while the watch keeps sampling
+    print(f"\nagent upgrade (log level): {time.monotonic() - started:.0f}s, sample Pods' devices unavailable "
+          f"{watch.unavailable_seconds:.1f}s over {watch.samples} samples {sorted(set(watch.missing))[:4]}")
+    after, published = holdings(cluster)
+    assert after == before, "the Pods kept running, with the same devices"
+    assert set(json.loads(checkpoint.read_text())["data"]["claims"]) == prepared, "the checkpoint kept every claim"
+    assert all(d in published for h in after.values() for d in h.devices)
+    assert not [m for m in watch.missing if "not running" in m or "holds" in m], watch.missing
+    logs = cluster.kubectl("logs", agent_pod(cluster)["metadata"]["name"], "-n", INSTALL_NAMESPACE).stdout
+    assert re.search(r'"level":\s*"debug"', logs), logs[-2000:]
+
+
+async def test_helm_uninstall_leaves_only_the_crds_and_a_fresh_install_runs_a_pod_with_a_device(
+    installed: Installed,
+) -> None:
+    cluster = installed.cluster
+    # What people made goes first, while the operator runs to lift its finalizers.
+    namespaces = {key.split("/")[0] for key in holdings(cluster)[0]}
+    for namespace in namespaces:
+        cluster.kubectl("delete", "namespace", namespace, "--timeout=120s", timeout=150)
+    cluster.kubectl("delete", "sharingpolicies", "--all", "--timeout=60s", timeout=90)
+    out = helm("uninstall", RELEASE, "-n", INSTALL_NAMESPACE, "--wait", "--timeout", "2m",
+               kubeconfig=cluster.kubeconfig).stdout
+    assert f'release "{RELEASE}" uninstalled' in out
+    assert tessera_objects_left(cluster) == []
+    crds = {c["metadata"]["name"] for c in cluster.get_json("crds")["items"]}
+    assert {"sharingpolicies.tessera.dev", "nodelayouts.tessera.dev"} <= crds
+
+    started = time.monotonic()
+    helm("install", RELEASE, str(CHART), "-n", INSTALL_NAMESPACE, *SIMULATED_VALUES, kubeconfig=cluster.kubeconfig)
+    cluster.kubectl("apply", "-f", str(ROOT / "manifests" / "samples" / "sharingpolicies.yaml"))
+    namespace = f"helm-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("apply", "-n", namespace, "-k", str(ROOT / "e2e" / "local" / "samples"))
+
+    def first_pod_with_a_device() -> bool:
+        held, published = holdings(cluster)
+        return any(h.devices and all(d in published for d in h.devices) for h in held.values())
+
+    try:
+        await wait_for(first_pod_with_a_device, timeout=300, interval=1, message="a sample Pod Running with a device")
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{waiting_reasons(cluster, namespace)}") from error
+    print(f"\nhelm install -> first Pod Running with a Tessera device: {time.monotonic() - started:.0f}s")
+
+    second = helm("install", "tessera-again", str(CHART), "-n", "tessera-again", "--create-namespace",
+                  *SIMULATED_VALUES, kubeconfig=cluster.kubeconfig, check=False)
+    assert second.returncode != 0
+    assert f'already installed in this cluster: release "{RELEASE}" in namespace "{INSTALL_NAMESPACE}"' in \
+        second.stderr, second.stderr

@@ -89,3 +89,44 @@ async def test_plan_live_names_the_claim_holding_a_device_the_new_policy_would_d
     assert get(cluster, "nodelayout", "live-a")["spec"] == spec_before, "a preview writes nothing"
     assert get(cluster, "sharingpolicy", "live")["spec"]["mig"] == {"preset": "all-1g"}
     delete_pod_now(cluster, namespace, "holder")
+
+
+async def test_kubectl_finds_the_plugin_on_path_and_kubectl_tessera_status_names_the_claim_holding_a_gpu(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str, tmp_path: Path
+) -> None:
+    cluster.add_node("status-a", labels={"tessera.dev/test": "status"})
+    tessera.agent("status-a", "2xH100-80GB")  # no policy selects it: both GPUs unmanaged, whole
+    await wait_for(lambda: len(node_devices(cluster, "status-a")) == 2, timeout=90, message="two whole GPUs")
+    apply(cluster, claim_template("whole", namespace, "whole-gpu.tessera.dev"),
+          pod_with_claim("trainer", namespace, "whole", on_node("status-a")))
+    (held,) = await wait_for(lambda: allocated_devices(cluster, namespace, "trainer"), timeout=60,
+                             message="the whole-GPU claim to be allocated")
+    claim = claim_of(cluster, namespace, "trainer")
+    assert claim is not None
+    # kubectl runs `kubectl-tessera` from PATH as `kubectl tessera`, passing KUBECONFIG on.
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "KUBECONFIG": str(cluster.kubeconfig),
+           "HOME": str(tmp_path)}
+    kubectl = str(cluster.binaries.kubectl)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([kubectl, *args], capture_output=True, text=True, env=env, timeout=120, check=False)
+
+    listed = await asyncio.to_thread(run, "plugin", "list")
+    assert f"{Path(sys.executable).parent}/kubectl-tessera" in listed.stdout, listed.stdout + listed.stderr
+    out = await asyncio.to_thread(run, "tessera", "status", "status-a")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "node status-a"
+    assert [line.split()[:2] for line in lines if line.startswith("  GPU")] == [["GPU", "0"], ["GPU", "1"]]
+    holder = next(line for line in lines if line.split()[0] == held["device"])
+    assert holder.endswith(f"<- {namespace}/{claim['metadata']['name']}"), out.stdout
+    other = next(line for line in lines if line.split()[0] in {"gpu-0", "gpu-1"} - {held["device"]})
+    assert other.endswith("free"), out.stdout
+    plan_args = ["plan", "--policy", str(ROOT / "examples" / "policies" / "h100-inference.yaml"),
+                 "--inventory", str(ROOT / "examples" / "inventory.yaml")]
+    plugin = await asyncio.to_thread(run, "tessera", *plan_args)
+    direct = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "tessera", *plan_args],
+                                     capture_output=True, text=True, timeout=120, check=False)
+    assert "h100-inference" in plugin.stdout
+    assert (plugin.returncode, plugin.stdout) == (direct.returncode, direct.stdout), "the plugin is tessera plan"
+    delete_pod_now(cluster, namespace, "trainer")

@@ -1,7 +1,7 @@
 """The install manifests: which files make up ``manifests/``, and the ones generated from code.
 
 ``manifests/`` holds hand-written parts (namespace, RBAC, admission policy, operator
-Deployment, agent DaemonSet) next to generated ones: ``crds.yaml`` (from the pydantic models,
+Deployment, agent DaemonSet, metrics Services) next to generated ones: ``crds.yaml`` (from the pydantic models,
 like ``crds/``), ``deviceclasses.yaml`` (from ``tessera.dra.deviceclasses``), the single-file
 ``install.yaml`` (every part, in install order) and ``samples/sharingpolicies.yaml`` (the
 policies of ``examples/policies/``). Regenerate after changing any of them (a test fails
@@ -11,6 +11,9 @@ while they drift)::
     python -m tessera.manifests --check manifests/    # exit 1 when a file differs
 
 Pure apart from ``main``: functions take file texts and return file texts.
+The Helm chart (``charts/tessera``) renders the same objects with default values; its own
+generated parts come from ``tessera.chart``, and tests/integration/test_chart_helm.py compares the
+two object by object.
 Not for: applying anything to a cluster (``kubectl apply -f manifests/install.yaml``).
 """
 
@@ -35,10 +38,13 @@ INSTALL_PARTS: tuple[str, ...] = (
     "rbac.yaml",
     "admission.yaml",
     "deviceclasses.yaml",
+    "metrics.yaml",
     "operator.yaml",
     "agent.yaml",
 )
-HAND_WRITTEN_PARTS: tuple[str, ...] = ("namespace.yaml", "rbac.yaml", "admission.yaml", "operator.yaml", "agent.yaml")
+HAND_WRITTEN_PARTS: tuple[str, ...] = (
+    "namespace.yaml", "rbac.yaml", "admission.yaml", "operator.yaml", "agent.yaml", "metrics.yaml",
+)
 INSTALL_FILE = "install.yaml"
 SAMPLE_POLICIES_FILE = "samples/sharingpolicies.yaml"
 IMAGE_REPOSITORY = "ghcr.io/tessera-dev/tessera"  # a placeholder registry: push your own build

@@ -103,6 +103,14 @@ class AgentMetrics:
             registry=r,
         )
         self.last_pass = Gauge("tessera_agent_last_pass_timestamp_seconds", "End of the last pass", registry=r)
+        self.claim_seconds = Histogram(
+            "tessera_agent_claim_seconds", "Time the kubelet plugin took to prepare or unprepare one claim",
+            ["operation", "result"], registry=r,
+        )
+
+    def observe_claim(self, operation: str, result: str, seconds: float) -> None:
+        """The kubelet plugin's answer to one claim (its ``observe`` hook)."""
+        self.claim_seconds.labels(operation, result).observe(seconds)
 
     def observe(self, result: ApplyResult, status: NodeLayoutStatus) -> None:
         for op in result.executed:

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("tessera.cli.operator", "run the operator: SharingPolicies into NodeLayouts and ResourceSlices"),
     "agent": ("tessera.cli.agent", "run the node agent: GPUs into the layout of this node's NodeLayout"),
     "demo": ("tessera.cli.demo", "run Tessera on a local control plane with simulated GPU nodes"),
+    "status": ("tessera.cli.status", "per node and GPU: the layout, the published devices and the claims holding them"),
 }
 
 # name -> third-party modules made unimportable before that subcommand's module is imported, so
@@ -31,13 +32,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 LEFT_OUT: dict[str, tuple[str, ...]] = {"agent": ("rich",)}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "tessera", only: Sequence[str] | None = None) -> int:
+    """Run one subcommand; ``only`` limits which are offered (the kubectl plugin offers two)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="tessera", description="Share GPUs on Kubernetes through DRA.")
+    parser = argparse.ArgumentParser(prog=prog, description="Share GPUs on Kubernetes through DRA.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The top level has no option but --help, so the first word that is not an option is the command.
     command = next((word for word in argv if not word.startswith("-")), None)
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    offered = {name: entry for name, entry in SUBCOMMANDS.items() if only is None or name in only}
+    for name, (module_name, help_text) in offered.items():
         subparser = sub.add_parser(name, help=help_text, description=help_text)
         if name == command:
             for left_out in LEFT_OUT.get(name, ()):

@@ -1,8 +1,8 @@
 """The operator's in-memory view of the cluster, fed by watch events.
 
 The Controller turns the watch events its handlers and watches pass on into the small values here
-(policies, nodes with their NodeLayouts, our driver's allocations from ResourceClaims); the
-pure deciding code reads them. Nothing here does I/O.
+(policies, nodes with their NodeLayouts, our driver's allocations from ResourceClaims, and which
+claims on Tessera's DeviceClasses wait for an allocation); the pure deciding code reads them. Nothing here does I/O.
 Not for: deciding anything (``tessera.controller.decide``).
 """
 
@@ -17,11 +17,26 @@ from typing import Any
 from pydantic import ValidationError
 
 from tessera import DRIVER_NAME
+from tessera.dra.deviceclasses import device_classes
 from tessera.models.allocation import held_devices
 from tessera.models.layout import GpuLayout, NodeLayout
 from tessera.models.policy import SharingPolicy
 
 DeviceKey = tuple[str, str]  # (pool, device)
+TESSERA_CLASSES = frozenset(str(c["metadata"]["name"]) for c in device_classes())
+
+
+def pending_on_our_classes(body: Mapping[str, Any]) -> bool:
+    """A claim not allocated yet that asks for one of the DeviceClasses Tessera installs
+    (``exactly`` or any ``firstAvailable`` alternative): demand the dashboard shows as pending."""
+    if ((body.get("status") or {}).get("allocation")) or body.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    requests = ((body.get("spec") or {}).get("devices") or {}).get("requests") or []
+    names = set()
+    for request in requests:
+        names.add((request.get("exactly") or {}).get("deviceClassName"))
+        names.update(alt.get("deviceClassName") for alt in request.get("firstAvailable") or [])
+    return bool(names & TESSERA_CLASSES)
 
 
 @dataclass(frozen=True)
@@ -96,6 +111,7 @@ class Fleet:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     layouts: dict[str, NodeLayout] = field(default_factory=dict)  # NodeLayouts seen before their Node
     claims: dict[str, ClaimHold] = field(default_factory=dict)
+    pending_claims: set[str] = field(default_factory=set)  # namespace/name: unallocated, on our classes
 
     # -- updates from watch events ---------------------------------------------------------
 
@@ -172,6 +188,10 @@ class Fleet:
         meta = body["metadata"]
         key = f"{meta.get('namespace', '')}/{meta['name']}"
         hold = claim_hold(body)
+        if pending_on_our_classes(body):
+            self.pending_claims.add(key)
+        else:
+            self.pending_claims.discard(key)
         before = self.claims.get(key)
         if hold is None:
             self.claims.pop(key, None)
@@ -184,6 +204,7 @@ class Fleet:
         }
 
     def remove_claim(self, namespace: str, name: str) -> set[str]:
+        self.pending_claims.discard(f"{namespace}/{name}")
         before = self.claims.pop(f"{namespace}/{name}", None)
         return {pool for pool, _ in before.devices} if before else set()
 

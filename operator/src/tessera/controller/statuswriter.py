@@ -6,7 +6,9 @@ dirty, after letting a burst of reconciles land: at least 0.2 s, and ten times w
 pass spent computing, so statuses take at most a tenth of the time. Only a status that
 differs is written, with an Event for each condition that changed. The policies' epoch goes
 up whenever what a policy asks for changes; a node decided in an older epoch does not count
-as applied.
+as applied. After each pass it exports what the chart's alerts and dashboard read: the Degraded
+policies (``tessera_operator_policy_degraded``), GPUs per strategy and devices allocated and free
+(``fleetmetrics``); the pending claims' gauge is read from the fleet whenever it is scraped.
 Not for: computing a status (``policystatus``, pure) or the decisions it counts (``decide``).
 """
 
@@ -18,9 +20,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from tessera.controller.decide import NodeDecision
+from tessera.controller.fleetmetrics import fleet_figures
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.state import Fleet
 from tessera.models.policy import SharingPolicyStatus
@@ -28,6 +31,15 @@ from tessera.models.policy import SharingPolicyStatus
 log = structlog.get_logger("tessera.operator")
 
 STATUS_PASSES = Counter("tessera_operator_policy_status_passes", "Passes over every SharingPolicy status")
+DEGRADED = Gauge(
+    "tessera_operator_policy_degraded", "SharingPolicies whose Degraded condition is True, by reason",
+    ["policy", "reason"],
+)
+GPUS = Gauge("tessera_operator_gpus", "GPUs on Tessera's nodes, by the sharing strategy applied", ["strategy"])
+DEVICES = Gauge("tessera_operator_devices", "Published devices, allocated to a claim or free", ["state"])
+PENDING_CLAIMS = Gauge(
+    "tessera_operator_pending_claims", "ResourceClaims on Tessera's DeviceClasses not allocated yet (read when scraped)"
+)
 
 PatchStatus = Callable[[str, dict[str, Any]], Awaitable[object]]
 PostEvent = Callable[[dict[str, Any], str, str, str], Awaitable[object]]
@@ -45,6 +57,7 @@ class PolicyStatusWriter:
         self.epoch = 0  # goes up whenever what a policy asks for changes
         self._dirty = asyncio.Event()
         self._pass_cost = 0.0  # seconds the last pass spent computing
+        PENDING_CLAIMS.set_function(lambda: len(fleet.pending_claims))  # follows every claim event
 
     def policies_changed(self) -> None:
         self.epoch += 1
@@ -71,6 +84,26 @@ class PolicyStatusWriter:
         pending = {node: d.epoch < self.epoch for node, d in self._decisions.items()}
         decisions = list(self._decisions.values())
         self._pass_cost = 0.0
+        degraded: set[tuple[str, str]] = set()
+        try:
+            await self._write_each(decisions, pending, degraded)
+        finally:
+            self._export(decisions, degraded)
+
+    def _export(self, decisions: list[NodeDecision], degraded: set[tuple[str, str]]) -> None:
+        DEGRADED.clear()
+        for policy_name, reason in sorted(degraded):
+            DEGRADED.labels(policy_name, reason).set(1)
+        figures = fleet_figures(self._fleet, decisions)
+        GPUS.clear()
+        for strategy, count in figures.gpus_by_strategy.items():
+            GPUS.labels(strategy).set(count)
+        DEVICES.labels("allocated").set(figures.devices_allocated)
+        DEVICES.labels("free").set(figures.devices_free)
+
+    async def _write_each(
+        self, decisions: list[NodeDecision], pending: Mapping[str, bool], degraded: set[tuple[str, str]]
+    ) -> None:
         for name, body in sorted(self._fleet.policy_bodies.items()):
             policy = self._fleet.policies.get(name)
             if policy is None:
@@ -83,6 +116,7 @@ class PolicyStatusWriter:
             started = time.perf_counter()
             status = policy_status(policy, tally(self._fleet, name, decisions, pending), previous)
             self._pass_cost += time.perf_counter() - started
+            degraded.update((name, c.reason) for c in status.conditions if c.type == "Degraded" and c.status == "True")
             if previous is not None and status == previous:
                 continue
             await self._patch_status(name, status.to_kube())

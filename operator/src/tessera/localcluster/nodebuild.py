@@ -45,7 +45,9 @@ CONTAINERD_TAGS = "no_btrfs no_devmapper no_zfs"
 MIN_RUNC = (1, 1)
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 CNI_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
-DEBIAN_PACKAGES = ("runc", "containernetworking-plugins", "busybox-static")
+# Everything a real node needs from Debian (iptables: the DNAT to the apiserver; iproute2: the
+# bridge; util-linux: unshare and nsenter). scripts/bootstrap installs them when run as root on Debian.
+DEBIAN_PACKAGES = ("runc", "containernetworking-plugins", "busybox-static", "iptables", "iproute2", "util-linux")
 
 
 @dataclass(frozen=True)

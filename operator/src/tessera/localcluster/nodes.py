@@ -41,7 +41,14 @@ import yaml
 from tessera.localcluster.build import LocalClusterError, cache_root
 from tessera.localcluster.cluster import _die_with_parent, free_port
 from tessera.localcluster.images import BUSYBOX_IMAGE, busybox_image, import_image
-from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries, find_busybox, find_cni_bin_dir, find_runc
+from tessera.localcluster.nodebuild import (
+    DEBIAN_PACKAGES,
+    NodeBinaries,
+    ensure_node_binaries,
+    find_busybox,
+    find_cni_bin_dir,
+    find_runc,
+)
 from tessera.localcluster.pki import KUBERNETES_SERVICE_IP
 
 SUBNET_PREFIX = "10.250"
@@ -74,7 +81,8 @@ def real_nodes_possible() -> str | None:
         return "real nodes need root (a kubelet, containerd and runc); running as uid " + str(os.geteuid())
     for tool in ("unshare", "nsenter", "ip", "iptables"):
         if shutil.which(tool) is None:
-            return f"real nodes need {tool!r} on PATH"
+            return (f"real nodes need {tool!r} on PATH: apt-get update && apt-get install -y "
+                    f"{' '.join(DEBIAN_PACKAGES)} (scripts/bootstrap does it as root on Debian)")
     try:
         runc = find_runc()
         find_cni_bin_dir()

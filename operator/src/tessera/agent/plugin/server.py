@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ REGISTRATION_SERVICE = "pluginregistration.Registration"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # what GetInfo advertises
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+ObserveClaim = Callable[[str, str, float], None]  # (prepare | unprepare, ok | error, seconds) per claim
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +129,11 @@ class KubeletPlugin:
         on_change: Callable[[], None] | None = None,
         health: HealthTracker | None = None,
         status_writer: ClaimStatusWriter | None = None,
+        observe: ObserveClaim | None = None,
     ) -> None:
         self.config = config
         self.on_change = on_change  # e.g. the agent's request_resync: its status follows at once
+        self.observe = observe  # e.g. the agent's metrics: (operation, result, seconds) per claim
         self.health = health or HealthTracker()  # the agent's; a plugin alone reports no device
         self._stopping = asyncio.Event()
         self.preparer = ClaimPreparer(
@@ -184,6 +188,13 @@ class KubeletPlugin:
             self.on_change()
 
     async def _guard(self, what: str, ref: ClaimRef, work: Awaitable[PreparedClaim | None]) -> ClaimOutcome:
+        started = time.monotonic()
+        outcome = await self._answer(what, ref, work)
+        if self.observe is not None:
+            self.observe(what, "error" if outcome.error else "ok", time.monotonic() - started)
+        return outcome
+
+    async def _answer(self, what: str, ref: ClaimRef, work: Awaitable[PreparedClaim | None]) -> ClaimOutcome:
         try:
             return ClaimOutcome(claim=await work)
         except ClaimError as error:
@@ -367,13 +378,14 @@ async def serve_plugin(
     started: Callable[[KubeletPlugin], None] | None = None,
     on_change: Callable[[], None] | None = None,
     health: HealthTracker | None = None,
+    observe: ObserveClaim | None = None,
 ) -> None:
     """Run the kubelet plugin until ``stop`` is set (or the task is cancelled).
 
     ``started`` gets the running plugin, e.g. to let the reconciler ask
     ``plugin.in_use_device_uuids()``."""
     writer = KubeClaimStatusWriter(api, status_field_manager(config))
-    plugin = KubeletPlugin(config, backend, KubeClaimReader(api), on_change, health, writer)
+    plugin = KubeletPlugin(config, backend, KubeClaimReader(api), on_change, health, writer, observe)
     async with plugin:
         if started is not None:
             started(plugin)
