@@ -28,6 +28,10 @@ class InvalidPolicy:
 
 
 _MPS = {"strategy": "MPS"}
+_MENU = {
+    "layouts": [{"name": "whole"}, {"name": "slices", "strategy": "MIG", "mig": {"preset": "all-1g"}}],
+    "idle": "whole",
+}
 
 INVALID: tuple[InvalidPolicy, ...] = (
     InvalidPolicy(
@@ -166,8 +170,56 @@ INVALID: tuple[InvalidPolicy, ...] = (
         "unknown-strategy",
         {"strategy": "Bogus"},
         "spec.strategy",
-        "'TimeSlicing' or 'MPS' (got 'Bogus')",
+        "'MPS' or 'Adaptive' (got 'Bogus')",
         apiserver='Unsupported value: "Bogus"',
+    ),
+    InvalidPolicy(
+        "adaptive-without-menu",
+        {"strategy": "Adaptive"},
+        "spec",
+        "strategy Adaptive needs spec.adaptive with a menu of layouts",
+    ),
+    InvalidPolicy(
+        "adaptive-menu-on-a-static-strategy",
+        {"strategy": "MPS", "adaptive": _MENU},
+        "spec",
+        "spec.adaptive is only allowed with strategy Adaptive",
+    ),
+    InvalidPolicy(
+        "adaptive-idle-not-on-the-menu",
+        {"strategy": "Adaptive", "adaptive": {**_MENU, "idle": "half"}},
+        "spec.adaptive",
+        "spec.adaptive.idle must name one of spec.adaptive.layouts",
+    ),
+    InvalidPolicy(
+        "adaptive-layout-dynamic-mig",
+        {"strategy": "Adaptive", "adaptive": {"layouts": [{"name": "dyn", "strategy": "DynamicMIG"}], "idle": "dyn"}},
+        "spec.adaptive.layouts[0]",
+        "a layout of spec.adaptive.layouts takes strategy Exclusive, MIG, TimeSlicing or MPS",
+    ),
+    InvalidPolicy(
+        "adaptive-layout-mig-without-profiles",
+        {"strategy": "Adaptive", "adaptive": {"layouts": [{"name": "m", "strategy": "MIG"}], "idle": "m"}},
+        "spec.adaptive.layouts[0]",
+        "strategy MIG needs spec.mig with profiles or a preset",
+    ),
+    InvalidPolicy(
+        "adaptive-layout-mps-fields-on-exclusive",
+        {"strategy": "Adaptive", "adaptive": {"layouts": [{"name": "w", "mps": {}}], "idle": "w"}},
+        "spec.adaptive.layouts[0]",
+        "spec.mps is only allowed with strategy MPS or mig.sharing.strategy MPS",
+    ),
+    InvalidPolicy(
+        "adaptive-no-recuts-allowed",
+        {"strategy": "Adaptive", "adaptive": {**_MENU, "maxRecuts": 0}},
+        "spec.adaptive.maxRecuts",
+        "greater than or equal to 1",
+    ),
+    InvalidPolicy(
+        "adaptive-cooldown-not-a-duration",
+        {"strategy": "Adaptive", "adaptive": {**_MENU, "cooldown": "a while"}},
+        "spec.adaptive.cooldown",
+        "should match",
     ),
     InvalidPolicy("negative-priority", {"priority": -1}, "spec.priority", "greater than or equal to 0"),
     InvalidPolicy(
@@ -249,6 +301,25 @@ VALID: tuple[tuple[str, dict[str, Any]], ...] = (
     ("time-slicing", {"strategy": "TimeSlicing", "timeSlicing": {"replicas": 8, "interval": "Long"}}),
     ("mps-defaults", {"strategy": "MPS", "mps": {}}),
     ("mps-odd-steps", {"strategy": "MPS", "mps": {"memory": {"default": "5Gi", "min": "1Gi", "step": "2Gi"}}}),
+    (
+        "adaptive-menu",
+        {
+            "strategy": "Adaptive",
+            "adaptive": {
+                "layouts": [
+                    {"name": "whole"},
+                    {"name": "balanced", "strategy": "MIG", "mig": {"preset": "all-balanced"}},
+                    {"name": "mig-mps", "strategy": "MIG", "mig": {"preset": "whole", "sharing": {"strategy": "MPS"}},
+                     "mps": {"compute": {"default": 25, "values": [25, 50, 100]}}},
+                    {"name": "notebooks", "strategy": "TimeSlicing", "timeSlicing": {"replicas": 4}},
+                ],
+                "idle": "whole",
+                "cooldown": "10m",
+                "maxRecuts": 4,
+                "pendingAfter": "3s",
+            },
+        },
+    ),
 )
 
 

@@ -64,7 +64,8 @@ def test_sharing_policy_crd_names_columns_and_rules() -> None:
     columns = [c["name"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert {"Strategy", "Ready", "Nodes", "GPUs", "Age"} <= set(columns)
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["properties"]["strategy"]["enum"] == ["Exclusive", "MIG", "DynamicMIG", "TimeSlicing", "MPS"]
+    strategies = ["Exclusive", "MIG", "DynamicMIG", "TimeSlicing", "MPS", "Adaptive"]
+    assert spec["properties"]["strategy"]["enum"] == strategies
     assert spec["properties"]["strategy"]["default"] == "Exclusive"
     assert any("strategy MIG needs spec.mig" in r["message"] for r in spec["x-kubernetes-validations"])
     profiles = spec["properties"]["mig"]["properties"]["profiles"]

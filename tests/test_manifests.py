@@ -263,6 +263,7 @@ OPERATOR_RESOURCES = {
     ("resource.k8s.io", "resourceslices"): [
         ("kube/objects.py", '"resourceslices"'), ("controller/runtime.py", "*SLICES")],
     ("", "pods/eviction"): [("kube/objects.py", 'subresource="eviction"')],
+    ("", "pods"): [("controller/demand.py", 'PODS = ("", "v1", "pods")'), ("controller/runtime.py", "*PODS")],
     ("", "events"): [("kube/objects.py", 'resource_path("", "v1", "events"'), (KOPF_EVENTS, "get_default_namespace")],
     ("apiextensions.k8s.io", "customresourcedefinitions"): [(KOPF_OBSERVER, "references.CRDS")],
 }

@@ -71,7 +71,10 @@ spec:
     err = capsys.readouterr().err
     assert code == 2
     assert f"{policy}: SharingPolicy bad is invalid:" in err
-    assert "spec.strategy: Input should be 'Exclusive', 'MIG', 'DynamicMIG', 'TimeSlicing' or 'MPS' (got 'Mig')" in err
+    assert (
+        "spec.strategy: Input should be 'Exclusive', 'MIG', 'DynamicMIG', 'TimeSlicing', 'MPS' or 'Adaptive' "
+        "(got 'Mig')" in err
+    )
     assert "spec.mig: spec.mig needs exactly one of profiles or preset" in err
 
 

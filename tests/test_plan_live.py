@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tessera.cli import main
-from tessera.cli.liveplan import live_rows, render_live
+from tessera.cli.liveplan import adaptive_preview, live_rows, render_adaptive, render_live
 from tessera.models.policy import SharingPolicy
 from tests.controller_fleet import NODE, applied, claim_body, fleet_of, layout_of, policy_body
 from tests.dra_gpus import gpu, mig_gpu
@@ -102,3 +102,25 @@ def test_a_gpu_no_policy_selects_stays_as_it_is() -> None:
     assert (row.policy_today, row.policy_new) == (None, None)
     assert row.new == row.today == "MIG 3g.40gb@0 2g.20gb@4 1g.10gb@6"
     assert (row.drains, row.changes) == ((), False)
+
+
+def test_live_shows_what_an_adaptive_policy_would_recut_for_a_waiting_pod() -> None:
+    adaptive = _policy("adaptive", strategy="Adaptive", adaptive={
+        "layouts": [{"name": "whole"}, {"name": "halves", "strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}}],
+        "idle": "whole"})
+    whole = [applied(gpu(i), layout_of(gpu(i), "adaptive")) for i in range(2)]
+    spec = [layout_of(g, "adaptive").model_copy(update={"menu_layout": "whole"}) for g in whole]
+    fleet = fleet_of(whole, spec)
+    cel = 'device.attributes["gpu.tessera.dev"].migProfile == "3g.40gb"'
+    claim = {"metadata": {"name": "llm-0", "namespace": "ml"}, "spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "mig.tessera.dev", "selectors": [{"cel": {"expression": cel}}]}}
+    ]}}}
+    pod = {"metadata": {"name": "llm", "namespace": "ml"},
+           "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "llm-0"}]},
+           "status": {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+
+    text = render_adaptive(adaptive_preview(fleet, [adaptive], [claim], [pod]))
+
+    assert f"recut {NODE} GPU 0 to 'halves' (adaptive): recut for claim ml/llm-0" in text
+    assert render_adaptive(adaptive_preview(fleet, [adaptive], [claim], [])).endswith("nothing waits: no recut")
+    assert adaptive_preview(fleet, [], [claim], [pod]) is None, "no Adaptive policy: no preview"

@@ -1,5 +1,6 @@
 """A seeded fault campaign against the real control plane: policy churn (create, edit, delete,
-priority flips) while claims are created, allocated by the real scheduler and released, and
+priority flips; an Adaptive policy among the layouts, with claims for 3g slices that only a
+recut serves) while claims are created, allocated by the real scheduler and released, and
 the operator, the node agents and the kube-apiserver are killed (SIGKILL) and restarted at
 random points. Invariants are checked all the while:
 
@@ -44,6 +45,10 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "time-sliced": {"strategy": "TimeSlicing", "timeSlicing": {"replicas": 4}},
     "mps": {"strategy": "MPS", "mps": {"memory": {"default": "8Gi", "min": "1Gi", "step": "1Gi"}}},
     "dynamic": {"strategy": "DynamicMIG"},
+    "adaptive": {"strategy": "Adaptive", "adaptive": {
+        "layouts": [{"name": "whole"}, {"name": "halves", "strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}},
+                    {"name": "mps", "strategy": "MPS"}],
+        "idle": "whole", "cooldown": "2s", "maxRecuts": 2, "pendingAfter": "1s"}},
 }
 POLICY_NAMES = ("campaign-a", "campaign-b")
 ACTIONS = {  # action: weight
@@ -51,6 +56,7 @@ ACTIONS = {  # action: weight
     "policy-delete": 1,
     "priority-flip": 1,
     "pod-create": 5,
+    "pod-create-slice": 2,  # a claim for a 3g slice: only a MIG layout serves it, so Adaptive recuts for it
     "pod-delete": 3,
     "kill-operator": 1,
     "kill-agent": 1,
@@ -69,6 +75,7 @@ class CampaignReport:
     violations: list[str] = field(default_factory=list)
     convergence: list[float] = field(default_factory=list)  # seconds from faults stopping to converged
     restart_writes: float = -1.0
+    recuts_for_claims: int = 0  # AdaptiveRecut Events: GPUs an Adaptive policy recut for a waiting claim
 
     @property
     def faults(self) -> int:
@@ -84,7 +91,8 @@ class CampaignReport:
             f"{sum(self.actions.values()) - self.faults} other actions ({self.failed_actions} refused while the "
             f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations; "
             f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
-            f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}"
+            f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}; "
+            f"adaptive recuts for waiting claims: {self.recuts_for_claims}"
         )
 
 
@@ -131,9 +139,13 @@ def _kept(pool: str, mine: set[str], nodes: set[str]) -> bool:
 
 
 def _ready_now(policy_body: dict[str, Any]) -> bool:
-    """Ready=True for the policy's latest generation."""
+    """Settled for the policy's latest generation: Ready=True, or Ready=False only because it
+    wins no GPU (another policy outranks it everywhere; the campaign's churn can end so)."""
     status = policy_body.get("status") or {}
-    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+    ready = any(
+        c["type"] == "Ready" and (c["status"] == "True" or c.get("reason") == "NoMatchingGPUs")
+        for c in status.get("conditions", [])
+    )
     return ready and status.get("observedGeneration") == policy_body["metadata"]["generation"]
 
 
@@ -261,6 +273,14 @@ class Campaign:
                     self.pods.append(pod)
                     return True
                 return False
+            case "pod-create-slice":
+                pod = f"s-{self.next_pod}"
+                self.next_pod += 1
+                body = pod_with_claim(pod, NAMESPACE, "three-g", on_node(rng.choice(self.nodes)))
+                if self._apply(body):
+                    self.pods.append(pod)
+                    return True
+                return False
             case "pod-delete":
                 if not self.pods:
                     return True
@@ -286,7 +306,9 @@ class Campaign:
         self.cluster.kubectl("create", "namespace", NAMESPACE)
         await wait_for(lambda: self._kubectl_ok("get", "serviceaccount", "default", "-n", NAMESPACE), timeout=30,
                        message="the campaign namespace's ServiceAccount")
-        self.cluster.apply_objects([claim_template("any", NAMESPACE, "gpu.tessera.dev")])
+        three_g = f'device.attributes["{DRIVER}"].migProfile == "3g.40gb"'
+        self.cluster.apply_objects([claim_template("any", NAMESPACE, "gpu.tessera.dev"),
+                                    claim_template("three-g", NAMESPACE, "mig.tessera.dev", three_g)])
         for node in self.nodes:
             self.cluster.add_node(node, labels={"tessera.dev/test": LABEL})
             self.tessera.agent(node, SIMULATE)
@@ -317,6 +339,8 @@ class Campaign:
                 if (step + 1) % quiet_every == 0 or step == steps - 1:
                     self.report.convergence.append(await self.wait_converged(timeout=120))
             self.report.steps = steps
+            recuts = self._items("events", "-n", NAMESPACE, "--field-selector", "reason=AdaptiveRecut")
+            self.report.recuts_for_claims = len(recuts or [])
             await self.release_everything()
             await self.check()
         finally:
@@ -342,7 +366,13 @@ class Campaign:
                 return False
             return all(_ready_now(p) for p in items if p["metadata"]["name"] in POLICY_NAMES)
 
-        await wait_for(policies_settled, timeout=180, interval=0.5, message="every campaign policy to be Ready")
+        try:
+            await wait_for(policies_settled, timeout=180, interval=0.5, message="every campaign policy to be Ready")
+        except TimeoutError:  # say what each policy is waiting for, then fail
+            for body in self._items("sharingpolicies") or []:
+                print(json.dumps({"name": body["metadata"]["name"], "spec": body.get("spec"),
+                                  "status": body.get("status")}, indent=1)[:4000])
+            raise
         await self.wait_converged(timeout=120)
 
     async def restart_writes(self) -> float:

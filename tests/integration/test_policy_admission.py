@@ -59,5 +59,5 @@ def test_examples_are_accepted_and_listed_by_short_name(crds_installed: Any) -> 
     examples = Path(__file__).resolve().parents[2] / "examples" / "policies"
     crds_installed.kubectl("apply", "-f", str(examples))
     listing = crds_installed.kubectl("get", "sp").stdout
-    assert listing.split()[:7] == ["NAME", "STRATEGY", "READY", "NODES", "GPUS", "AGE", "big-memory-balanced"]
+    assert listing.split()[:7] == ["NAME", "STRATEGY", "READY", "NODES", "GPUS", "AGE", "adaptive-inference"]
     assert "h100-inference" in listing

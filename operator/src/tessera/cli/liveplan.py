@@ -6,7 +6,9 @@ the policies of the files replace the cluster's policies of the same name, and a
 operator's own decision code (``tessera.controller.decide.decide_node``) what it would do.
 Per GPU it shows today's layout (what exists), the new layout, the published devices the
 change would drain and the claims (namespace/name) that hold them; then the GPUs several
-policies select (conflicts). Nothing is written.
+policies select (conflicts); and, where an ``Adaptive`` policy governs GPUs, what the
+operator's demand room would recut now for the claims whose Pods are Unschedulable (the
+debounce aside), which claims wait, and which no menu could ever satisfy. Nothing is written.
 
 ``live_rows`` and ``render_live`` are pure (a ``Fleet`` in, rows and text out); ``read_fleet``
 is the I/O. Not for: the offline preview from an inventory file (``tessera.cli.plan``).
@@ -16,11 +18,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tessera import API_GROUP, API_VERSION
-from tessera.controller.decide import decide_node
+from tessera.adaptive.choose import RecutPlan
+from tessera.controller.decide import NodeDecision, decide_node
+from tessera.controller.demand import PODS, AdaptiveDemand
 from tessera.controller.state import Fleet
 from tessera.kube.http import KubeClient
 from tessera.kube.objects import CLAIMS, Api
@@ -135,6 +140,57 @@ def live_rows(fleet: Fleet, policies: Sequence[SharingPolicy]) -> LivePlan:
     return LivePlan(tuple(rows), tuple(conflicts), unreadable)
 
 
+@dataclass
+class _PreviewController:
+    """The Controller as the demand room sees it, from decisions made for the preview."""
+
+    fleet: Fleet
+    decisions: dict[str, NodeDecision] = field(default_factory=dict)
+
+    def enqueue(self, *nodes: str) -> None:
+        """A preview reconciles nothing."""
+
+
+async def _no_event(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    """A preview posts nothing."""
+
+
+def adaptive_preview(
+    fleet: Fleet, policies: Sequence[SharingPolicy], claims: Sequence[dict[str, Any]], pods: Sequence[dict[str, Any]]
+) -> RecutPlan | None:
+    """What the operator's demand room would recut now with ``policies`` applied, taking every
+    Unschedulable Pod's claim as pending (a preview does not wait out the debounce); None
+    where no Adaptive policy applies."""
+    changed = with_policies(fleet, policies)
+    view = _PreviewController(changed)
+    for node in changed.gpu_nodes():
+        decision = decide_node(changed, node.name, now=0.0)
+        if decision is not None:
+            view.decisions[node.name] = decision
+    clock = [0.0]
+    demand = AdaptiveDemand(view, _no_event, clock=lambda: clock[0])
+    for claim in claims:
+        demand.claim_seen("ADDED", claim)
+    for pod in pods:
+        demand.pod_seen("ADDED", pod)
+    clock[0] = 1e12  # long past any debounce
+    chosen = demand.choose()
+    return chosen[0] if chosen is not None else None
+
+
+def render_adaptive(plan: RecutPlan | None) -> str:
+    if plan is None:
+        return ""
+    lines = ["", "adaptive layouts (claims whose Pods are Unschedulable now):"]
+    lines += [f"  recut {r.node} GPU {r.index} to {r.layout!r} ({r.policy}): {r.reason}" for r in plan.recuts]
+    if plan.waiting:
+        lines.append(f"  waiting for a free GPU or the recut cap: {', '.join(plan.waiting)}")
+    lines += [f"  never: {u.claim}: {u.message}" for u in plan.unsatisfiable]
+    if len(lines) == 2:
+        lines.append("  nothing waits: no recut")
+    return "\n".join(lines)
+
+
 def render_live(plan: LivePlan) -> str:
     """The plan as text: a block per GPU, then conflicts."""
     lines: list[str] = []
@@ -163,6 +219,14 @@ def render_live(plan: LivePlan) -> str:
     for node in plan.unreadable:
         lines.append(f"note: the NodeLayout of {node} could not be read; its last readable one is used")
     return "\n".join(lines)
+
+
+async def read_demand(kubeconfig: Path | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every ResourceClaim and Pod, for the adaptive preview."""
+    async with KubeClient.from_environment(str(kubeconfig) if kubeconfig else None) as client:
+        api = Api(client)
+        claims, pods = await asyncio.gather(api.list_all(*CLAIMS), api.list_all(*PODS))
+    return claims, pods
 
 
 async def read_fleet(kubeconfig: Path | None) -> Fleet:

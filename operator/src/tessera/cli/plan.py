@@ -172,16 +172,24 @@ def render_table(plan: FleetPlan) -> str:
 
 
 def run_live(policies: list[SharingPolicy], kubeconfig: Path | None) -> int:
-    from tessera.cli.liveplan import live_rows, read_fleet, render_live  # the cluster client only when asked
+    from tessera.cli.liveplan import (  # the cluster client only when asked
+        adaptive_preview,
+        live_rows,
+        read_demand,
+        read_fleet,
+        render_adaptive,
+        render_live,
+    )
 
     try:
         fleet = asyncio.run(read_fleet(kubeconfig))
+        claims, pods = asyncio.run(read_demand(kubeconfig))
     except Exception as exc:  # any failure to reach or read the cluster: said plainly, exit 2
         print(f"tessera plan --live: cannot read the cluster: {type(exc).__name__}: {str(exc)[:300]}",
               file=sys.stderr)
         return 2
     plan = live_rows(fleet, policies)
-    print(render_live(plan))
+    print(render_live(plan) + render_adaptive(adaptive_preview(fleet, policies, claims, pods)))
     failed = [r for r in plan.rows if r.error]
     if failed:
         print(f"\n{len(failed)} of {len(plan.rows)} GPU(s) cannot be planned", file=sys.stderr)

@@ -169,8 +169,9 @@ def decide_node(
     built = tuple(build_gpu_devices(g) for g in gpus)  # once per decision: it is not cheap
     published = {b.gpu_uuid: device_names(b) for b in built}
     planned = [_with_allocations(g, [d for d in published[g.uuid] if d in holders]) for g in gpus]
-    plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)])
     current = view.layout.spec
+    choices = {g.uuid: g.menu_layout for g in current.gpus if g.menu_layout} | fleet.adaptive_choices
+    plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)], choices)
     drains = dict(previous_drains or {})
     decisions: list[GpuDecision] = []
     evict: set[tuple[str, str]] = set()

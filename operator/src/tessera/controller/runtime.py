@@ -33,6 +33,7 @@ from typing import Any
 import structlog
 
 from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
+from tessera.controller.demand import PODS, AdaptiveDemand, pod_stub
 from tessera.controller.drains import Drains
 from tessera.controller.freshclaims import FreshClaims
 from tessera.controller.handover import Handover
@@ -69,7 +70,9 @@ class Controller:
         self.publisher = SlicePublisher(api, self.writes)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
-        self.statuses = PolicyStatusWriter(self.fleet, self.decisions, self._patch_policy_status, self._post_event)
+        self.demand = AdaptiveDemand(self, self._post_event)  # adaptive layouts: waiting claims -> recuts
+        self.statuses = PolicyStatusWriter(self.fleet, self.decisions, self._patch_policy_status, self._post_event,
+                                           self.demand.with_status)
         self._status_task: asyncio.Task[None] | None = None
         self._watches: list[ListWatch] = []
         self.ready = asyncio.Event()
@@ -108,11 +111,13 @@ class Controller:
             self.fleet.set_policy(body)
         for body in await self._list_until_answered(CLAIMS):
             self.fleet.set_claim(body)
+            self.demand.claim_seen("ADDED", body)
         client = self.api.client
         self._watches = [
             ListWatch(client, *SLICES, self.slice_seen, label_selector=OURS, stub=slice_stub),
             ListWatch(client, *NODES, self.node_seen),
             ListWatch(client, *LAYOUTS, self.layout_seen),
+            ListWatch(client, *PODS, self.demand.pod_seen, stub=pod_stub),  # adaptive layouts' demand
         ]
         for watch in self._watches:  # in this order: the slices are known before the nodes are
             watch.start()
@@ -125,6 +130,7 @@ class Controller:
         self.enqueue_all()
         self.queue.start()
         self._status_task = asyncio.create_task(self.statuses.run(self.queue.swept), name="tessera-policy-status")
+        self.demand.start()
         self.ready.set()
 
     async def _list_until_answered(self, resource: tuple[str, str, str]) -> list[dict[str, Any]]:
@@ -142,6 +148,7 @@ class Controller:
         raise AssertionError("unreachable")
 
     async def stop(self) -> None:
+        await self.demand.stop()
         for watch in self._watches:
             await watch.stop()
         await self.queue.stop()
@@ -284,6 +291,7 @@ class Controller:
             nodes = self.fleet.remove_claim(str(meta.get("namespace", "")), str(meta["name"]))
         else:
             nodes = self.fleet.set_claim(body)
+        self.demand.claim_seen(event_type, body)
         self.enqueue(*sorted(nodes))
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:

@@ -111,6 +111,9 @@ class Fleet:
     nodes: dict[str, NodeView] = field(default_factory=dict)
     layouts: dict[str, NodeLayout] = field(default_factory=dict)  # NodeLayouts seen before their Node
     claims: dict[str, ClaimHold] = field(default_factory=dict)
+    # GPU UUID -> the menu layout an Adaptive policy's GPU gets (``tessera.controller.demand``
+    # chooses; a GPU not here keeps the one its NodeLayout.spec records, else the idle one).
+    adaptive_choices: dict[str, str] = field(default_factory=dict)
     pending_claims: set[str] = field(default_factory=set)  # namespace/name: unallocated, on our classes
 
     # -- updates from watch events ---------------------------------------------------------

@@ -26,7 +26,7 @@ from tessera.controller.decide import NodeDecision
 from tessera.controller.fleetmetrics import fleet_figures
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.state import Fleet
-from tessera.models.policy import SharingPolicyStatus
+from tessera.models.policy import SharingPolicy, SharingPolicyStatus
 
 log = structlog.get_logger("tessera.operator")
 
@@ -43,14 +43,16 @@ PENDING_CLAIMS = Gauge(
 
 PatchStatus = Callable[[str, dict[str, Any]], Awaitable[object]]
 PostEvent = Callable[[dict[str, Any], str, str, str], Awaitable[object]]
+ExtendStatus = Callable[[SharingPolicy, SharingPolicyStatus], SharingPolicyStatus]
 
 
 class PolicyStatusWriter:
     """The policies' epoch, the dirty flag, and the loop that writes statuses."""
 
     def __init__(self, fleet: Fleet, decisions: Mapping[str, NodeDecision], patch_status: PatchStatus,
-                 post_event: PostEvent) -> None:
+                 post_event: PostEvent, extend: ExtendStatus | None = None) -> None:
         self._fleet = fleet
+        self._extend = extend  # adds what another room knows (adaptive layouts: each GPU's choice)
         self._decisions = decisions
         self._patch_status = patch_status
         self._post_event = post_event
@@ -115,6 +117,8 @@ class PolicyStatusWriter:
                 previous = None
             started = time.perf_counter()
             status = policy_status(policy, tally(self._fleet, name, decisions, pending), previous)
+            if self._extend is not None:
+                status = self._extend(policy, status)
             self._pass_cost += time.perf_counter() - started
             degraded.update((name, c.reason) for c in status.conditions if c.type == "Degraded" and c.status == "True")
             if previous is not None and status == previous:

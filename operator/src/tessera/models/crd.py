@@ -202,6 +202,8 @@ def sharing_policy_crd() -> dict[str, Any]:
         {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
         {"name": "Applied", "type": "integer", "jsonPath": ".status.gpusApplied", "priority": 1},
         {"name": "Devices", "type": "integer", "jsonPath": ".status.devicesPublished", "priority": 1},
+        {"name": "Recut", "type": "integer", "jsonPath": ".status.gpusRecut", "priority": 1},
+        {"name": "Idle-Layout", "type": "string", "jsonPath": ".spec.adaptive.idle", "priority": 1},
         _AGE,
     ]
     return _crd("SharingPolicy", "sharingpolicies", ["sp"], schema, columns)

@@ -36,6 +36,9 @@ class GpuLayout(KubeModel):
 
     uuid: str = Field(min_length=1, max_length=128)
     policy: str | None = Field(default=None, description="the SharingPolicy this layout comes from")
+    menu_layout: str | None = Field(
+        default=None, description="Adaptive policies: the menu layout this is (kept here so a restart keeps it)"
+    )
     strategy: Strategy = Strategy.EXCLUSIVE
     mig_instances: list[PlacedInstance] = Field(default_factory=list, max_length=7)
     mig_sharing: ShareStrategy | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from tessera.models.base import KubeModel
 from tessera.models.catalog import KNOWN_PROFILE_NAMES
@@ -28,6 +28,7 @@ class Strategy(StrEnum):
     DYNAMIC_MIG = "DynamicMIG"
     TIME_SLICING = "TimeSlicing"
     MPS = "MPS"
+    ADAPTIVE = "Adaptive"  # Tessera picks each GPU's layout from ``spec.adaptive.layouts`` to fit demand
 
 
 class ShareStrategy(StrEnum):
@@ -287,6 +288,131 @@ class DrainSpec(KubeModel):
 
 _SHARED_BY = "(has(self.mig) && has(self.mig.sharing) && self.mig.sharing.strategy == '{s}')"
 
+# The rules that tie spec.mig, spec.timeSlicing and spec.mps to a strategy; a policy and each
+# layout of an adaptive menu keep them alike (CEL here, :func:`_check_fields_fit` in pydantic).
+_FIELDS_FIT_STRATEGY_RULES: list[JsonValue] = [
+    {
+        "rule": "self.strategy != 'MIG' || has(self.mig)",
+        "message": "strategy MIG needs spec.mig with profiles or a preset",
+    },
+    {
+        "rule": "!has(self.mig) || self.strategy == 'MIG'",
+        "message": "spec.mig is only allowed with strategy MIG",
+    },
+    {
+        "rule": "!has(self.timeSlicing) || self.strategy == 'TimeSlicing' || " + _SHARED_BY.format(s="TimeSlicing"),
+        "message": "spec.timeSlicing is only allowed with strategy TimeSlicing or mig.sharing.strategy TimeSlicing",
+    },
+    {
+        "rule": "!has(self.mps) || self.strategy == 'MPS' || " + _SHARED_BY.format(s="MPS"),
+        "message": "spec.mps is only allowed with strategy MPS or mig.sharing.strategy MPS",
+    },
+]
+
+
+def _check_fields_fit(
+    strategy: Strategy, mig: MigSpec | None, time_slicing: TimeSlicingSpec | None, mps: MpsSpec | None
+) -> None:
+    """pydantic's copy of :data:`_FIELDS_FIT_STRATEGY_RULES`, with the same words."""
+    if strategy is Strategy.MIG and mig is None:
+        raise ValueError("strategy MIG needs spec.mig with profiles or a preset")
+    if mig is not None and strategy is not Strategy.MIG:
+        raise ValueError("spec.mig is only allowed with strategy MIG")
+    share = mig.sharing.strategy if mig and mig.sharing else None
+    if time_slicing is not None and not (strategy is Strategy.TIME_SLICING or share is ShareStrategy.TIME_SLICING):
+        raise ValueError(
+            "spec.timeSlicing is only allowed with strategy TimeSlicing or mig.sharing.strategy TimeSlicing"
+        )
+    if mps is not None and not (strategy is Strategy.MPS or share is ShareStrategy.MPS):
+        raise ValueError("spec.mps is only allowed with strategy MPS or mig.sharing.strategy MPS")
+
+
+_MENU_STRATEGIES = ("Exclusive", "MIG", "TimeSlicing", "MPS")
+_LAYOUT_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class AdaptiveLayout(KubeModel):
+    """One layout of an adaptive menu: a name and the same fields a static policy has."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.strategy in [" + ", ".join(f"'{s}'" for s in _MENU_STRATEGIES) + "]",
+                    "message": "a layout of spec.adaptive.layouts takes strategy Exclusive, MIG, TimeSlicing or MPS",
+                },
+                *_FIELDS_FIT_STRATEGY_RULES,
+            ]
+        }
+    )
+
+    name: str = Field(min_length=1, max_length=63, pattern=_LAYOUT_NAME, description="how status and events name it")
+    strategy: Strategy = Strategy.EXCLUSIVE
+    mig: MigSpec | None = None
+    time_slicing: TimeSlicingSpec | None = None
+    mps: MpsSpec | None = None
+
+    @model_validator(mode="after")
+    def _fits_menu(self) -> Self:
+        if self.strategy.value not in _MENU_STRATEGIES:
+            raise ValueError("a layout of spec.adaptive.layouts takes strategy Exclusive, MIG, TimeSlicing or MPS")
+        _check_fields_fit(self.strategy, self.mig, self.time_slicing, self.mps)
+        return self
+
+
+class AdaptiveSpec(KubeModel):
+    """What Tessera may do with each GPU of an ``Adaptive`` policy: cut it as any layout of the
+    menu to fit claims that wait, and return it to ``idle`` once it is free again."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.layouts.exists(l, l.name == self.idle)",
+                    "message": "spec.adaptive.idle must name one of spec.adaptive.layouts",
+                }
+            ]
+        }
+    )
+
+    layouts: list[AdaptiveLayout] = Field(
+        min_length=1,
+        max_length=8,
+        description="the menu: every layout Tessera may give a GPU",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    idle: str = Field(min_length=1, max_length=63, description="the layout of a GPU nothing waits for")
+    cooldown: Duration = Field(default="5m", description="least time a GPU keeps a layout before another recut")
+    max_recuts: int = Field(default=2, ge=1, le=1000, description="GPUs of this policy being recut at once, at most")
+    pending_after: Duration = Field(
+        default="5s", description="how long a claim's Pod must be Unschedulable before the claim counts as demand"
+    )
+
+    @model_validator(mode="after")
+    def _idle_on_menu(self) -> Self:
+        names = [layout.name for layout in self.layouts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"spec.adaptive.layouts names {', '.join(twice)} more than once; names must be unique")
+        if self.idle not in names:
+            raise ValueError("spec.adaptive.idle must name one of spec.adaptive.layouts")
+        return self
+
+    @property
+    def cooldown_seconds(self) -> float:
+        return parse_duration(self.cooldown)
+
+    @property
+    def pending_after_seconds(self) -> float:
+        return parse_duration(self.pending_after)
+
+    def layout(self, name: str) -> AdaptiveLayout:
+        """The menu layout called ``name`` (a KeyError when the menu has none)."""
+        for layout in self.layouts:
+            if layout.name == name:
+                return layout
+        raise KeyError(name)
+
 
 class SharingPolicySpec(KubeModel):
     """Which nodes and GPUs, cut how, shared how (see DESIGN.md for the contract)."""
@@ -294,23 +420,11 @@ class SharingPolicySpec(KubeModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                *_FIELDS_FIT_STRATEGY_RULES,
                 {
-                    "rule": "self.strategy != 'MIG' || has(self.mig)",
-                    "message": "strategy MIG needs spec.mig with profiles or a preset",
-                },
-                {
-                    "rule": "!has(self.mig) || self.strategy == 'MIG'",
-                    "message": "spec.mig is only allowed with strategy MIG",
-                },
-                {
-                    "rule": "!has(self.timeSlicing) || self.strategy == 'TimeSlicing' || "
-                    + _SHARED_BY.format(s="TimeSlicing"),
-                    "message": "spec.timeSlicing is only allowed with strategy TimeSlicing "
-                    "or mig.sharing.strategy TimeSlicing",
-                },
-                {
-                    "rule": "!has(self.mps) || self.strategy == 'MPS' || " + _SHARED_BY.format(s="MPS"),
-                    "message": "spec.mps is only allowed with strategy MPS or mig.sharing.strategy MPS",
+                    "rule": "(self.strategy == 'Adaptive') == has(self.adaptive)",
+                    "message": "strategy Adaptive needs spec.adaptive with a menu of layouts, "
+                    "and spec.adaptive is only allowed with strategy Adaptive",
                 },
             ]
         }
@@ -323,24 +437,35 @@ class SharingPolicySpec(KubeModel):
     mig: MigSpec | None = None
     time_slicing: TimeSlicingSpec | None = None
     mps: MpsSpec | None = None
+    adaptive: AdaptiveSpec | None = None
     drain: DrainSpec = Field(default_factory=DrainSpec)
 
     @model_validator(mode="after")
     def _fields_fit_strategy(self) -> Self:
-        if self.strategy is Strategy.MIG and self.mig is None:
-            raise ValueError("strategy MIG needs spec.mig with profiles or a preset")
-        if self.mig is not None and self.strategy is not Strategy.MIG:
-            raise ValueError("spec.mig is only allowed with strategy MIG")
-        share = self.mig.sharing.strategy if self.mig and self.mig.sharing else None
-        if self.time_slicing is not None and not (
-            self.strategy is Strategy.TIME_SLICING or share is ShareStrategy.TIME_SLICING
-        ):
+        _check_fields_fit(self.strategy, self.mig, self.time_slicing, self.mps)
+        if (self.strategy is Strategy.ADAPTIVE) != (self.adaptive is not None):
             raise ValueError(
-                "spec.timeSlicing is only allowed with strategy TimeSlicing or mig.sharing.strategy TimeSlicing"
+                "strategy Adaptive needs spec.adaptive with a menu of layouts, "
+                "and spec.adaptive is only allowed with strategy Adaptive"
             )
-        if self.mps is not None and not (self.strategy is Strategy.MPS or share is ShareStrategy.MPS):
-            raise ValueError("spec.mps is only allowed with strategy MPS or mig.sharing.strategy MPS")
         return self
+
+    def for_layout(self, name: str) -> SharingPolicySpec:
+        """The static policy an adaptive menu's layout ``name`` stands for: that layout's
+        strategy and fields, this policy's selectors, priority and drain."""
+        if self.adaptive is None:
+            raise KeyError(name)
+        layout = self.adaptive.layout(name)
+        return SharingPolicySpec(
+            priority=self.priority,
+            node_selector=self.node_selector,
+            gpu_selector=self.gpu_selector,
+            strategy=layout.strategy,
+            mig=layout.mig,
+            time_slicing=layout.time_slicing,
+            mps=layout.mps,
+            drain=self.drain,
+        )
 
     @property
     def sharing(self) -> ShareStrategy | None:
@@ -372,6 +497,16 @@ class PolicyConflict(KubeModel):
     winner: str
 
 
+class AdaptiveGpuLayout(KubeModel):
+    """An ``Adaptive`` policy's GPU: the menu layout it has now, and why."""
+
+    node: str
+    gpu: str = Field(description="the GPU's UUID")
+    index: int = Field(default=0, ge=0)
+    layout: str = Field(description="the menu layout chosen for it now")
+    reason: str = Field(default="", max_length=256, description='e.g. "recut for claim team-a/llm-0", "idle default"')
+
+
 class SharingPolicyStatus(KubeModel):
     observed_generation: int | None = None
     conditions: list[Condition] = Field(
@@ -385,6 +520,10 @@ class SharingPolicyStatus(KubeModel):
     conflicts: int = 0
     conflicting: list[PolicyConflict] = Field(default_factory=list, max_length=20)
     draining: list[str] = Field(default_factory=list, max_length=50, description="what a drain waits for")
+    gpus_recut: int = Field(default=0, ge=0, description="Adaptive: GPUs away from the idle layout, recut for demand")
+    adaptive: list[AdaptiveGpuLayout] = Field(
+        default_factory=list, max_length=100, description="Adaptive: per GPU, the layout chosen now and why"
+    )
 
 
 class ObjectMeta(KubeModel):

@@ -5,7 +5,9 @@ policies and nodes (name, labels, GPUs as their agents report them) in, a :class
 out. A policy selects a GPU when its ``nodeSelector`` matches the node's labels and its
 ``gpuSelector`` (CEL) accepts the GPU; where several select one GPU the highest priority
 wins, then the name that sorts first, and every loser is recorded as a conflict. A GPU no
-policy selects is unmanaged: no policy, no layout, no error — it is left as it is. Pure and deterministic: the same
+policy selects is unmanaged: no policy, no layout, no error — it is left as it is. An ``Adaptive`` policy's GPU gets the
+menu layout ``choices`` names for it (the operator's demand loop chooses), else the menu's
+idle layout; the result records which (``GpuLayout.menu_layout``). Pure and deterministic: the same
 input gives the same output, sorted by node and GPU index.
 Not for: reading or writing Kubernetes objects (the operator does that with the result).
 """
@@ -17,7 +19,7 @@ from dataclasses import dataclass, field
 
 from tessera.models.catalog import catalog_model
 from tessera.models.layout import GpuLayout, GpuStatus
-from tessera.models.policy import PolicyConflict, SharingPolicy, SharingPolicySpec
+from tessera.models.policy import PolicyConflict, SharingPolicy, SharingPolicySpec, Strategy
 from tessera.planner.gpu import PlanError, PlanErrorReason, plan_gpu_layout
 from tessera.planner.selector import (
     CompiledGpuSelector,
@@ -102,8 +104,13 @@ class _Compiled:
     selector: CompiledGpuSelector | None
 
 
-def plan_fleet(policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory]) -> FleetPlan:
+def plan_fleet(
+    policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory], choices: Mapping[str, str] | None = None
+) -> FleetPlan:
     """Match ``policies`` to the GPUs of ``nodes`` and plan every GPU.
+
+    ``choices``: GPU UUID → the menu layout an ``Adaptive`` policy's GPU gets (a name not on
+    the winning policy's menu falls back to its idle layout).
 
     Policies whose ``gpuSelector`` does not compile select nothing and appear in
     ``policy_errors``; one that fails on a GPU does not select it, and the GPU's plan carries
@@ -120,6 +127,7 @@ def plan_fleet(policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory]
                 continue
         compiled.append(_Compiled(policy, selector))
     memo: dict[tuple[object, ...], GpuLayout | PlanError] = {}
+    menus = _MenuSpecs()
     plans: list[GpuPlan] = []
     conflicts: list[Conflict] = []
     by_labels: dict[tuple[tuple[str, str], ...], list[_Compiled]] = {}
@@ -142,13 +150,34 @@ def plan_fleet(policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory]
             winner = selecting[0]
             if len(selecting) > 1:
                 conflicts.append(Conflict(node.name, gpu.uuid, winner.name, tuple(p.name for p in selecting[1:])))
-            result = _plan(memo, winner.name, winner.spec, gpu)
+            spec, menu_layout = menus.spec_for(winner, (choices or {}).get(gpu.uuid))
+            result = _plan(memo, winner.name, spec, gpu)
+            if menu_layout is not None and not isinstance(result, PlanError):
+                result = result.model_copy(update={"menu_layout": menu_layout})
             names = tuple(p.name for p in selecting)
             if isinstance(result, PlanError):
                 plans.append(GpuPlan(node.name, gpu, winner.name, None, result, names, failed))
             else:
                 plans.append(GpuPlan(node.name, gpu, winner.name, result, None, names, failed))
     return FleetPlan(tuple(plans), tuple(conflicts), policy_errors)
+
+
+class _MenuSpecs:
+    """The static spec of each adaptive menu layout, made once per plan (the plan memo keys
+    on the spec object)."""
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[str, str], SharingPolicySpec] = {}
+
+    def spec_for(self, policy: SharingPolicy, choice: str | None) -> tuple[SharingPolicySpec, str | None]:
+        adaptive = policy.spec.adaptive
+        if policy.spec.strategy is not Strategy.ADAPTIVE or adaptive is None:
+            return policy.spec, None
+        name = choice if choice is not None and any(lay.name == choice for lay in adaptive.layouts) else adaptive.idle
+        spec = self._specs.get((policy.name, name))
+        if spec is None:
+            spec = self._specs[(policy.name, name)] = policy.spec.for_layout(name)
+        return spec, name
 
 
 def _selecting(

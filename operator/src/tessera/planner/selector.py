@@ -29,7 +29,7 @@ import importlib.machinery
 import importlib.util
 import re
 import sys
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -340,6 +340,21 @@ def reads_of(source: str) -> ReadSet | None:
     return frozenset(reads)
 
 
+def flat_published_device(device: Mapping[str, Any]) -> FlatDevice:
+    """A device in the ``resource.k8s.io/v1`` wire shape (as ``tessera.dra.devices`` builds it
+    for a slice) in the form :meth:`CompiledGpuSelector.matches` reads, so a claim's or a
+    DeviceClass's selector runs on the CEL path a ``gpuSelector`` does. Attributes keep their
+    names; each capacity becomes ``capacity/<domain>/<name>``, a quantity."""
+    flat: FlatDevice = {}
+    for name, value in device.get("attributes", {}).items():
+        wire_type, wire_value = next(iter(value.items()))
+        flat[name] = (wire_type, wire_value)
+    for name, value in device.get("capacity", {}).items():
+        qualified = name if "/" in name else f"{DRIVER_NAME}/{name}"
+        flat[f"{_CAPACITY}{qualified}"] = ("quantity", str(parse_kube_quantity(str(value["value"]))))
+    return flat
+
+
 def _cel_device(flat: FlatDevice) -> dict[str, Any]:
     device: dict[str, Any] = {
         "driver": DRIVER_NAME,
@@ -393,7 +408,8 @@ class CompiledGpuSelector:
         return self.matches_flat(flat if flat is not None else flat_device(gpu))
 
     def matches_flat(self, flat: FlatDevice) -> bool:
-        """:meth:`matches` for a device given as :func:`flat_device` gives it."""
+        """:meth:`matches` on a device already in its flat form: a GPU's (:func:`flat_device`)
+        or any published device's (:func:`flat_published_device`)."""
         key = self._key(flat)
         verdict = self._memo.get(key)
         if verdict is None:

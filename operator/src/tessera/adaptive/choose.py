@@ -1,0 +1,370 @@
+"""The adaptive choice: which idle GPUs to recut, to which menu layout, for which waiting claims.
+
+Pure: pending claims (oldest first), the GPUs of ``Adaptive`` policies, the device classes'
+selectors and how many recuts each policy may still start in; a :class:`RecutPlan` out.
+
+The rule, claim by claim, oldest first:
+
+1. A claim that fits what this plan's recuts leave over (with the node's free devices) takes
+   it: no new recut.
+2. Else every option is tried: on every node, for every menu layout of a policy there, the
+   fewest of that policy's recuttable GPUs (``k`` = 1, 2, …) recut to that layout that let the
+   claim fit together with the node's free devices. The option chosen is the least by
+   ``(k, -hosted, fragmentation, node, GPU index, menu order)``, where ``hosted`` counts how
+   many of the next waiting claims (up to :data:`LOOKAHEAD`) the option's leftover would also
+   take; its GPUs join the plan and the claim's devices are taken from them.
+3. Else the claim waits (no GPU free, or the cap reached) — unless no layout of any menu on
+   any adaptive GPU could ever satisfy it, GPUs idle and recut at will: then it is
+   :class:`Unsatisfiable`, with the request that fits nowhere named.
+
+So the most claims are placed with the fewest GPUs recut (each recut chosen to host as many
+of the waiting claims as it can), and ties go to the least fragmentation.
+**Fragmentation** (:func:`fragmentation`) is the GPU capacity the plan leaves free that the
+demand seen recently could not use: for every device of the recut GPUs, the
+share of its GPU still free on it (1 for a whole GPU, slices/8 for a MIG instance, times the
+free part of a shared device's limiting capacity) counts when no claim shape in ``recent``
+(the claims pending now and lately) fits on that device alone. A GPU cut to 1g slices when
+only 3g claims come scores high; one cut exactly as the demand asks scores 0.
+
+Never touches a GPU the caller does not mark recuttable (any device held, anything in use,
+inside its cooldown, or a recut under way): the controller decides that from the claims.
+Not for: I/O, timers or writing layouts (``tessera.controller.demand`` does those).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from tessera.adaptive.claims import ClaimDemand, Request, Slot, fit
+from tessera.adaptive.layouts import MenuOption, menu_devices, slots_of
+from tessera.models.catalog import catalog_model
+from tessera.models.layout import GpuStatus
+from tessera.models.policy import SharingPolicy
+
+ClassSelectors = Mapping[str, Sequence[str]]
+LOOKAHEAD = 16  # waiting claims after the one being placed that an option is scored on
+
+
+@dataclass(frozen=True)
+class AdaptiveGpu:
+    """A GPU an ``Adaptive`` policy governs, as the choice needs it."""
+
+    node: str
+    gpu: GpuStatus
+    policy: SharingPolicy
+    current: str | None  # the menu layout in force now (None: none of the menu yet)
+    recuttable: bool  # nothing held or in use, cooldown over, no recut under way
+
+
+@dataclass(frozen=True)
+class Recut:
+    node: str
+    gpu: str  # UUID
+    index: int
+    policy: str
+    layout: str
+    claims: tuple[str, ...]  # the pending claims it is for (namespace/name)
+
+    @property
+    def reason(self) -> str:
+        return f"recut for claim {', '.join(self.claims)}" if self.claims else "recut"
+
+
+@dataclass(frozen=True)
+class Unsatisfiable:
+    claim: str
+    message: str
+
+
+@dataclass(frozen=True)
+class RecutPlan:
+    recuts: tuple[Recut, ...]
+    placed: Mapping[str, tuple[str, ...]]  # claim -> UUIDs of the GPUs it would be placed on
+    unsatisfiable: tuple[Unsatisfiable, ...]
+    waiting: tuple[str, ...]  # claims that fit some layout, but not on a GPU free now
+    fragmentation: Fraction  # of the recut GPUs, after their claims are placed
+
+
+class MenuCache:
+    """Menu devices per (policy, spec, GPU), kept between plans: building them is the cost."""
+
+    def __init__(self) -> None:
+        self._options: dict[tuple[str, int, str], list[MenuOption]] = {}
+        self._policy_specs: dict[str, int] = {}
+
+    def options(self, policy: SharingPolicy, gpu: GpuStatus) -> list[MenuOption]:
+        key = (policy.name, id(policy.spec), gpu.uuid)
+        found = self._options.get(key)
+        if found is None:
+            if self._policy_specs.get(policy.name) != id(policy.spec):  # the policy changed: forget its GPUs
+                self._options = {k: v for k, v in self._options.items() if k[0] != policy.name}
+                self._policy_specs[policy.name] = id(policy.spec)
+            found = self._options[key] = menu_devices(policy, gpu)
+        return found
+
+
+def fragmentation(slots: Sequence[Slot], recent: Sequence[ClaimDemand], classes: ClassSelectors) -> Fraction:
+    """The free share of GPUs on ``slots`` that no claim shape in ``recent`` fits on alone
+    (see the module doc). 0 when every free piece is of use to some recent claim."""
+    shapes = list({d.shape: d for d in recent}.values())
+    total = Fraction(0)
+    for slot in slots:
+        free = slot.free_fraction()
+        if free and not any(fit(shape, [slot], classes) is not None for shape in shapes):
+            total += free
+    return total
+
+
+@dataclass
+class _Planned:
+    gpu: AdaptiveGpu
+    option: MenuOption
+    claims: list[str] = field(default_factory=list)
+
+
+def _model_key(gpu: GpuStatus) -> str:
+    model = catalog_model(gpu.model, gpu.product_name)
+    return model.key if model is not None else gpu.product_name
+
+
+def plan_recuts(
+    pending: Sequence[ClaimDemand],
+    gpus: Sequence[AdaptiveGpu],
+    classes: ClassSelectors,
+    recuts_left: Mapping[str, int],
+    *,
+    free: Mapping[str, Sequence[Slot]] | None = None,
+    recent: Sequence[ClaimDemand] = (),
+    menus: MenuCache | None = None,
+) -> RecutPlan:
+    """Recuts for ``pending`` (oldest first); see the module doc for the rule.
+
+    ``recuts_left``: policy name → GPUs it may still start recutting (its cap less those under
+    way). ``free``: node → devices published there now that no claim holds (they may serve a
+    claim beside a recut GPU); they are not changed. ``recent``: claims seen lately, for the
+    fragmentation score (the pending ones count too)."""
+    menus = menus or MenuCache()
+    free = free or {}
+    shapes = [*pending, *recent]
+    left = dict(recuts_left)
+    planned: dict[str, _Planned] = {}  # GPU UUID -> its recut
+    leftover: dict[str, list[Slot]] = defaultdict(list)  # node -> slots of its planned recuts
+    node_free: dict[str, list[Slot]] = {node: [s.copy() for s in slots] for node, slots in free.items()}
+    by_node: dict[str, list[AdaptiveGpu]] = defaultdict(list)
+    for g in sorted(gpus, key=lambda g: (g.node, g.gpu.index)):
+        by_node[g.node].append(g)
+    placed: dict[str, tuple[str, ...]] = {}
+    waiting: list[str] = []
+    unsatisfiable: list[Unsatisfiable] = []
+    fresh_fits: dict[tuple[object, ...], tuple[int, Fraction] | None] = {}
+    no_option: set[object] = set()  # claim shapes no new recut can serve in this pass
+    never: dict[object, str | None] = {}  # claim shape -> why nothing could ever serve it
+
+    for position, claim in enumerate(pending):
+        following = [c for c in pending[position + 1:position + 1 + LOOKAHEAD] if c.key not in placed]
+        # 1. What this plan's recuts leave over.
+        done = False
+        for node in sorted(leftover):
+            slots = [*node_free.get(node, []), *leftover[node]]
+            used = _place(claim, slots, classes)
+            if used is not None:
+                for planned_gpu in planned.values():
+                    if planned_gpu.gpu.node == node and planned_gpu.gpu.gpu.uuid in used:
+                        planned_gpu.claims.append(claim.key)
+                placed[claim.key] = tuple(sorted(used))
+                done = True
+                break
+        if done:
+            continue
+        # 2. New recuts: the fewest GPUs, then the least fragmentation. A shape that found no
+        # option finds none later in the pass either (planning only takes GPUs away).
+        best: tuple[tuple[object, ...], str, list[AdaptiveGpu], MenuOption] | None = None
+        for node, node_gpus in sorted(by_node.items()) if claim.shape not in no_option else ():
+            base = [*node_free.get(node, []), *leftover.get(node, [])]
+            for policy_name in sorted({g.policy.name for g in node_gpus}):
+                idle = [
+                    g for g in node_gpus
+                    if g.policy.name == policy_name and g.recuttable and g.gpu.uuid not in planned
+                ]
+                cap = min(len(idle), left.get(policy_name, 0))
+                if cap <= 0:
+                    continue
+                for rank, option in enumerate(menus.options(idle[0].policy, idle[0].gpu)):
+                    for k in range(1, cap + 1):
+                        chosen = idle[:k]
+                        if all(g.current == option.layout_name for g in chosen):
+                            continue  # nothing to recut: such a GPU would serve the claim already
+                        verdict = _try(position, claim, following, base, chosen, option, menus, classes, shapes,
+                                       fresh_fits)
+                        if verdict is None:
+                            continue
+                        hosted, score = verdict
+                        cost = (k, -hosted, score, node, chosen[0].gpu.index, rank)
+                        if best is None or cost < best[0]:
+                            best = (cost, node, chosen, option)
+                        break
+        if best is not None:
+            _, node, chosen, option = best
+            own = len(node_free.get(node, []))
+            slots = [*node_free.get(node, []), *leftover.get(node, [])]  # the same objects: consumed in place
+            for g in chosen:
+                opt = next(o for o in menus.options(g.policy, g.gpu) if o.layout_name == option.layout_name)
+                planned[g.gpu.uuid] = _Planned(g, opt, [claim.key])
+                slots.extend(slots_of(opt.devices))
+                left[g.policy.name] = left.get(g.policy.name, 0) - 1
+            used = _place(claim, slots, classes)
+            assert used is not None, "the option was tried on the same slots"
+            placed[claim.key] = tuple(sorted(used))
+            leftover[node] = slots[own:]
+            continue
+        # 3. Waits, or can never be satisfied.
+        no_option.add(claim.shape)
+        if claim.shape not in never:
+            never[claim.shape] = _never_satisfiable(claim, gpus, menus, classes)
+        why = never[claim.shape]
+        if why is None:
+            waiting.append(claim.key)
+        else:
+            unsatisfiable.append(Unsatisfiable(claim.key, why))
+
+    recuts = tuple(
+        Recut(p.gpu.node, p.gpu.gpu.uuid, p.gpu.gpu.index, p.gpu.policy.name, p.option.layout_name, tuple(p.claims))
+        for p in sorted(planned.values(), key=lambda p: (p.gpu.node, p.gpu.gpu.index))
+    )
+    score = fragmentation([s for slots in leftover.values() for s in slots], shapes, classes)
+    return RecutPlan(recuts, placed, tuple(unsatisfiable), tuple(waiting), score)
+
+
+def _place(claim: ClaimDemand, slots: list[Slot], classes: ClassSelectors) -> set[str] | None:
+    """Fit ``claim`` on ``slots``, consuming them; the GPUs whose devices it took from."""
+    before = [(s.taken, dict(s.free)) for s in slots]
+    if fit(claim, slots, classes, consume=True) is None:
+        return None
+    return {s.gpu for s, (taken, free) in zip(slots, before, strict=True) if (s.taken, s.free) != (taken, free)}
+
+
+def _try(
+    position: int,
+    claim: ClaimDemand,
+    following: Sequence[ClaimDemand],
+    base: list[Slot],
+    chosen: list[AdaptiveGpu],
+    option: MenuOption,
+    menus: MenuCache,
+    classes: ClassSelectors,
+    shapes: Sequence[ClaimDemand],
+    memo: dict[tuple[object, ...], tuple[int, Fraction] | None],
+) -> tuple[int, Fraction] | None:
+    """None when ``claim`` does not fit ``chosen`` recut to ``option`` beside ``base``; else how
+    many of the ``following`` waiting claims the rest would also host (first fit, in order),
+    and the fragmentation of the recut GPUs after them. Without ``base`` the answer depends
+    only on the claim's place in the queue, the GPUs' model, the layout and how many, so it is
+    remembered across nodes."""
+    key: tuple[object, ...] | None = None
+    if not base:
+        key = (position, chosen[0].policy.name, option.layout_name, _model_key(chosen[0].gpu), len(chosen))
+        if key in memo:
+            return memo[key]
+    slots = [s.copy() for s in base]
+    for g in chosen:
+        opt = next((o for o in menus.options(g.policy, g.gpu) if o.layout_name == option.layout_name), None)
+        if opt is None:
+            return None
+        slots.extend(slots_of(opt.devices))
+    verdict: tuple[int, Fraction] | None = None
+    if fit(claim, slots, classes, consume=True) is not None:
+        hosted = sum(1 for other in following if fit(other, slots, classes, consume=True) is not None)
+        verdict = (hosted, fragmentation(slots[len(base):], shapes, classes))
+    if key is not None:
+        memo[key] = verdict
+    return verdict
+
+
+def _never_satisfiable(
+    claim: ClaimDemand, gpus: Sequence[AdaptiveGpu], menus: MenuCache, classes: ClassSelectors
+) -> str | None:
+    """Why no menu layout on any adaptive GPU could ever satisfy ``claim`` (every GPU of a
+    node and policy idle and recut alike), or None when one could."""
+    if _fits_somewhere(claim, gpus, menus, classes):
+        return None
+    policies = sorted({g.policy.name for g in gpus})
+    where = f"the menus of {', '.join(policies)}" if policies else "no Adaptive policy (none selects a GPU)"
+    for request in claim.requests:
+        alone = ClaimDemand(claim.namespace, claim.name, (request,))
+        if not _fits_somewhere(alone, gpus, menus, classes):
+            return (
+                f"{_describe(request)} fits no device that any layout in {where} would publish on any GPU; "
+                "change the request or add a layout that fits it"
+            )
+    return (
+        f"the claim's requests fit no layout in {where} together (constraints "
+        f"{', '.join(c.match_attribute or c.distinct_attribute or '?' for c in claim.constraints) or 'none'})"
+    )
+
+
+def _describe(request: Request) -> str:
+    return " or ".join(sub.describe() for sub in request.alternatives)
+
+
+def _fits_somewhere(claim: ClaimDemand, gpus: Sequence[AdaptiveGpu], menus: MenuCache, classes: ClassSelectors) -> bool:
+    groups: dict[tuple[str, str], list[AdaptiveGpu]] = defaultdict(list)
+    for g in gpus:
+        groups[(g.node, g.policy.name)].append(g)
+    tried: set[tuple[object, ...]] = set()
+    for group in groups.values():
+        first = group[0]
+        for option in menus.options(first.policy, first.gpu):
+            key = (first.policy.name, option.layout_name, _model_key(first.gpu), len(group))
+            if key in tried:
+                continue
+            tried.add(key)
+            slots: list[Slot] = []
+            for g in group:
+                opt = next((o for o in menus.options(g.policy, g.gpu) if o.layout_name == option.layout_name), None)
+                if opt is not None:
+                    slots.extend(slots_of(opt.devices))
+            if fit(claim, slots, classes) is not None:
+                return True
+    return False
+
+
+def back_to_idle(
+    gpus: Sequence[AdaptiveGpu],
+    plan: RecutPlan,
+    recent: Sequence[ClaimDemand] = (),
+    classes: ClassSelectors | None = None,
+    menus: MenuCache | None = None,
+) -> list[AdaptiveGpu]:
+    """GPUs to return to their policy's idle layout: recuttable (so free and past their
+    cooldown), on another menu layout, and not just planned for a claim by ``plan``. The
+    cooldown is what keeps alternating demand from flapping a GPU: at most one recut each way
+    per cooldown.
+
+    With ``recent`` demand, a free GPU whose layout some recent claim could use stays cut, as
+    a warm spare, while its policy keeps at least as many free GPUs on the idle layout as it
+    keeps spares (so large requests still find idle-layout GPUs): the next claim like the
+    recent ones is placed at once instead of waiting for another recut."""
+    planned = {r.gpu for r in plan.recuts}
+    shapes = list({d.shape: d for d in recent}.values())
+    menus = menus or MenuCache()
+    free_idle: dict[str, int] = defaultdict(int)
+    for g in gpus:
+        adaptive = g.policy.spec.adaptive
+        if adaptive is not None and g.recuttable and g.current == adaptive.idle and g.gpu.uuid not in planned:
+            free_idle[g.policy.name] += 1
+    spares: dict[str, int] = defaultdict(int)
+    out = []
+    for g in gpus:
+        adaptive = g.policy.spec.adaptive
+        if adaptive is None or not g.recuttable or g.current == adaptive.idle or g.gpu.uuid in planned:
+            continue
+        if shapes and classes is not None and spares[g.policy.name] < free_idle[g.policy.name]:
+            option = next((o for o in menus.options(g.policy, g.gpu) if o.layout_name == g.current), None)
+            if option is not None and any(fit(d, slots_of(option.devices), classes) is not None for d in shapes):
+                spares[g.policy.name] += 1
+                continue
+        out.append(g)
+    return out

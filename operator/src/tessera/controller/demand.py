@@ -1,0 +1,349 @@
+"""Adaptive layouts in the operator: waiting claims in, recuts of idle GPUs out.
+
+A claim is **pending** for Tessera when it is unallocated, every request asks for one of
+Tessera's device classes, and a Pod that uses it has been ``PodScheduled=False`` with reason
+``Unschedulable`` for longer than the debounce (the shortest ``pendingAfter`` of the Adaptive
+policies). Claims come from the Controller's claim events (the Kopf handler stays as it is);
+Pods from a list-watch of this module's own.
+
+Every ``interval`` the pass collects the GPUs of ``Adaptive`` policies from the Controller's
+last decisions, marks a GPU recuttable only when no claim holds any of its devices, nothing
+on it is in use, its cooldown has passed and no recut of it is under way, and asks the pure
+room (``tessera.adaptive.choose.plan_recuts``) what to recut. A recut is only a choice in
+``Fleet.adaptive_choices`` and a reconcile of its node: the Controller then hands the GPU over
+as for any layout change (taint, grace, a fresh claim list, then the spec) and the agent's
+claim guard checks again, unchanged. GPUs whose devices are all free go back to the idle
+layout once their cooldown has passed, unless the pass has just planned them for a claim, so
+alternating demand recuts a GPU at most once per cooldown.
+
+People hear of it: an Event on the claim when a GPU is recut for it, one Warning (once per
+claim) when no layout of any menu could ever satisfy it, and metrics: pending claims, recuts,
+seconds from pending to allocated, and the fragmentation score of the last plan.
+Not for: deciding the layouts (``tessera.adaptive``) or writing NodeLayouts (the Controller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+from prometheus_client import Counter, Gauge, Histogram
+
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts
+from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors
+from tessera.controller.decide import NodeDecision
+from tessera.controller.state import Fleet
+from tessera.dra.deviceclasses import device_classes
+from tessera.models.devices import parse_device_name
+from tessera.models.layout import GpuLayout, GpuStatus
+from tessera.models.policy import AdaptiveGpuLayout, SharingPolicy, SharingPolicyStatus, Strategy
+
+log = structlog.get_logger("tessera.operator.adaptive")
+
+PENDING = Gauge("tessera_operator_adaptive_pending_claims", "Claims on Tessera's classes waiting past the debounce")
+RECUTS = Counter("tessera_operator_adaptive_recuts_total", "GPUs recut by Adaptive policies", ["why"])
+PENDING_SECONDS = Histogram(
+    "tessera_operator_adaptive_pending_to_allocated_seconds",
+    "From a claim's Pod first seen Unschedulable to the claim allocated",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
+)
+FRAGMENTATION = Gauge(
+    "tessera_operator_adaptive_fragmentation",
+    "GPU capacity the last adaptive plan leaves free that recent claims could not use (in GPUs)",
+)
+
+DEFAULT_INTERVAL = 1.0  # seconds between passes
+RECENT_CLAIMS = 64  # claim shapes kept for the fragmentation score
+
+
+class ControllerView(Protocol):
+    """What the demand loop needs of the Controller."""
+
+    fleet: Fleet
+    decisions: dict[str, NodeDecision]
+
+    def enqueue(self, *nodes: str) -> None: ...
+
+
+@dataclass
+class _Choice:
+    layout: str
+    reason: str
+    since: float  # monotonic time it was chosen (-inf: before this process knew the GPU)
+
+
+PODS = ("", "v1", "pods")
+
+
+def _gpu_index(device: str) -> int | None:
+    try:
+        return parse_device_name(device).gpu_index
+    except ValueError:
+        return None
+
+
+def _has_layout(gpu: GpuStatus, layout: GpuLayout | None) -> bool:
+    """The agent reports ``layout`` applied: its strategy, sharing and MIG instances."""
+    if layout is None or not gpu.applied:
+        return False
+    have = sorted((i.profile, i.start) for i in gpu.mig_instances if not i.dynamic)
+    want = sorted((p.profile, p.start) for p in layout.mig_instances)
+    return (gpu.strategy, gpu.mig_sharing, have) == (layout.strategy, layout.mig_sharing, want)
+
+
+def pod_stub(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the Pod watch keeps of a Pod: enough to name its claims when it is deleted."""
+    status = pod.get("status") or {}
+    return {
+        "metadata": {k: v for k, v in (pod.get("metadata") or {}).items() if k in ("name", "namespace",
+                                                                                   "resourceVersion", "uid")},
+        "spec": {"resourceClaims": (pod.get("spec") or {}).get("resourceClaims") or []},
+        "status": {"resourceClaimStatuses": status.get("resourceClaimStatuses") or []},
+    }
+
+
+def pod_claims(pod: Mapping[str, Any]) -> list[str]:
+    """The ResourceClaims (namespace/name) a Pod uses: named ones and those made from templates."""
+    namespace = str(pod.get("metadata", {}).get("namespace", ""))
+    names = [str(c["resourceClaimName"]) for c in (pod.get("spec") or {}).get("resourceClaims") or ()
+             if c.get("resourceClaimName")]
+    names += [str(s["resourceClaimName"]) for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()
+              if s.get("resourceClaimName")]
+    return [f"{namespace}/{n}" for n in sorted(set(names))]
+
+
+def unschedulable(pod: Mapping[str, Any]) -> bool:
+    """``PodScheduled=False`` with reason ``Unschedulable``, and not bound or nominated."""
+    status = pod.get("status") or {}
+    if (pod.get("spec") or {}).get("nodeName") or status.get("nominatedNodeName"):
+        return False
+    return any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or ()
+    )
+
+
+class AdaptiveDemand:
+    """Owns the pending claims, the choices per GPU, and the passes that recut."""
+
+    def __init__(
+        self,
+        controller: ControllerView,
+        post_event: Callable[[dict[str, Any], str, str, str], Awaitable[None]],
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.controller = controller
+        self.post_event = post_event
+        self.interval = interval
+        self.clock = clock
+        self.classes = class_selectors(device_classes())
+        self.claims: dict[str, ClaimDemand] = {}  # unallocated claims on our classes
+        self.unschedulable_since: dict[str, float] = {}  # claim -> first seen with an Unschedulable Pod
+        self.choices: dict[str, _Choice] = {}  # GPU UUID -> the layout chosen and why
+        self.warned: set[str] = set()  # claim UIDs told that nothing can satisfy them
+        self.recent: list[ClaimDemand] = []
+        self.menus = MenuCache()
+        self.last_plan: RecutPlan | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- events ----------------------------------------------------------------------------
+
+    def claim_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        demand = None if event_type == "DELETED" else claim_demand(body, self.classes)
+        if demand is None:
+            self.claims.pop(key, None)
+            since = self.unschedulable_since.pop(key, None)
+            allocated = event_type != "DELETED" and (body.get("status") or {}).get("allocation")
+            if since is not None and allocated:
+                PENDING_SECONDS.observe(self.clock() - since)
+            return
+        if key not in self.claims:
+            self.recent = [*self.recent[-(RECENT_CLAIMS - 1):], demand]
+        self.claims[key] = demand
+
+    def pod_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
+        waiting = event_type != "DELETED" and unschedulable(body)
+        for claim in pod_claims(body):
+            if waiting:
+                self.unschedulable_since.setdefault(claim, self.clock())
+            elif claim not in self.claims or event_type == "DELETED":
+                self.unschedulable_since.pop(claim, None)
+
+    # -- the pass ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="tessera-adaptive")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.run_pass()
+            except Exception:  # one bad pass must not end adaptive layouts for good
+                log.exception("adaptive pass failed; trying again next pass")
+
+    def adaptive_policies(self) -> dict[str, SharingPolicy]:
+        return {n: p for n, p in self.controller.fleet.policies.items() if p.spec.strategy is Strategy.ADAPTIVE}
+
+    def pending(self, policies: Mapping[str, SharingPolicy]) -> list[ClaimDemand]:
+        """Claims waiting past the debounce, oldest first."""
+        if not policies:
+            return []
+        debounce = min(p.spec.adaptive.pending_after_seconds for p in policies.values() if p.spec.adaptive)
+        now = self.clock()
+        waiting = [(since, key) for key, since in self.unschedulable_since.items()
+                   if key in self.claims and now - since >= debounce]
+        return [self.claims[key] for _, key in sorted(waiting)]
+
+    def adaptive_gpus(self, policies: Mapping[str, SharingPolicy]) -> tuple[list[AdaptiveGpu], dict[str, int]]:
+        """Every GPU an Adaptive policy won, whether it may be recut now, and per policy how many
+        recuts are under way."""
+        fleet = self.controller.fleet
+        now = self.clock()
+        out: list[AdaptiveGpu] = []
+        under_way: dict[str, int] = dict.fromkeys(policies, 0)
+        for node, decision in sorted(self.controller.decisions.items()):
+            view = fleet.nodes.get(node)
+            if view is None or view.layout is None:
+                continue
+            held = fleet.holders(node)
+            status = view.layout.status
+            decided = {g.uuid: g for g in decision.gpus}
+            for plan in decision.plan.for_node(node):
+                policy = policies.get(plan.policy or "")
+                if policy is None or policy.spec.adaptive is None:
+                    continue
+                gpu = plan.gpu
+                spec = view.layout.spec.for_gpu(gpu.uuid)
+                current = spec.menu_layout if spec is not None and spec.menu_layout else policy.spec.adaptive.idle
+                choice = self.choices.get(gpu.uuid)
+                if choice is None:  # first seen (or the operator restarted): when it was cut is unknown
+                    why = self._reported_reason(policy.name, gpu.uuid, current) or (
+                        "idle default" if current == policy.spec.adaptive.idle else "kept from before")
+                    choice = self.choices[gpu.uuid] = _Choice(current, why, -math.inf)
+                reported = status.gpu(gpu.uuid) if status is not None else None
+                wanted = decided.get(gpu.uuid)
+                applying = (
+                    wanted is None
+                    or not wanted.settled
+                    or reported is None
+                    or not _has_layout(reported, wanted.target)
+                    or current != choice.layout
+                )
+                if applying:
+                    under_way[policy.name] += 1
+                busy = gpu.in_use or any(i.in_use for i in gpu.mig_instances) or any(
+                    _gpu_index(device) == gpu.index for device in held
+                )
+                cooled = now - choice.since >= policy.spec.adaptive.cooldown_seconds
+                out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
+        return out, under_way
+
+    def _reported_reason(self, policy: str, gpu: str, layout: str) -> str | None:
+        """Why the policy's status says the GPU has ``layout`` (a restarted operator keeps the
+        words, so it rewrites no status for nothing)."""
+        status = self.controller.fleet.policy_bodies.get(policy, {}).get("status") or {}
+        for row in status.get("adaptive") or ():
+            if row.get("gpu") == gpu and row.get("layout") == layout:
+                return str(row.get("reason", "")) or None
+        return None
+
+    def choose(self) -> tuple[RecutPlan, list[AdaptiveGpu]] | None:
+        """What the pure room would recut now (None: no Adaptive policy); changes nothing
+        (``tessera plan --live`` shows it as it is)."""
+        policies = self.adaptive_policies()
+        pending = self.pending(policies)
+        PENDING.set(len(pending))
+        if not policies:
+            return None
+        gpus, under_way = self.adaptive_gpus(policies)
+        left = {n: max(0, p.spec.adaptive.max_recuts - under_way.get(n, 0))
+                for n, p in policies.items() if p.spec.adaptive}
+        return plan_recuts(pending, gpus, self.classes, left, recent=self.recent, menus=self.menus), gpus
+
+    async def run_pass(self) -> RecutPlan | None:
+        chosen = self.choose()
+        if chosen is None:
+            return None
+        plan, gpus = chosen
+        self.last_plan = plan
+        FRAGMENTATION.set(float(plan.fragmentation))
+        now = self.clock()
+        touched: set[str] = set()
+        for recut in plan.recuts:
+            self.choices[recut.gpu] = _Choice(recut.layout, recut.reason, now)
+            self.controller.fleet.adaptive_choices[recut.gpu] = recut.layout
+            touched.add(recut.node)
+            RECUTS.labels("demand").inc()
+            log.info("recutting an idle GPU for waiting claims", node=recut.node, gpu=recut.index,
+                     layout=recut.layout, policy=recut.policy, claims=list(recut.claims))
+            for claim in recut.claims:
+                await self._tell(claim, "Normal", "AdaptiveRecut",
+                                 f"GPU {recut.index} on {recut.node} is being recut to layout {recut.layout!r} "
+                                 f"of SharingPolicy {recut.policy} for this claim")
+        for never in plan.unsatisfiable:
+            demand = self.claims.get(never.claim)
+            uid = demand.uid if demand is not None else never.claim
+            if uid not in self.warned:
+                self.warned.add(uid)
+                log.warning("no adaptive layout can satisfy a claim", claim=never.claim, why=never.message)
+                await self._tell(never.claim, "Warning", "NoAdaptiveLayoutFits", never.message)
+        for gpu in back_to_idle(gpus, plan, self.recent, self.classes, self.menus):
+            assert gpu.policy.spec.adaptive is not None
+            idle = gpu.policy.spec.adaptive.idle
+            self.choices[gpu.gpu.uuid] = _Choice(idle, "idle default", now)
+            self.controller.fleet.adaptive_choices[gpu.gpu.uuid] = idle
+            touched.add(gpu.node)
+            RECUTS.labels("idle").inc()
+            log.info("returning a free GPU to its idle layout", node=gpu.node, gpu=gpu.gpu.index, layout=idle)
+        if touched:
+            self.controller.enqueue(*sorted(touched))
+        return plan
+
+    async def _tell(self, claim: str, type_: str, reason: str, message: str) -> None:
+        namespace, _, name = claim.partition("/")
+        demand = self.claims.get(claim)
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace, "uid": demand.uid if demand else ""}}
+        try:
+            await self.post_event(body, type_, reason, message)
+        except Exception as exc:  # an Event is news, not state: never fail the pass for it
+            log.warning("could not post an Event on a claim", claim=claim, reason=reason, error=repr(exc))
+
+    # -- status ----------------------------------------------------------------------------
+
+    def with_status(self, policy: SharingPolicy, status: SharingPolicyStatus) -> SharingPolicyStatus:
+        """``status`` with, for an Adaptive policy, each GPU's layout now and why."""
+        adaptive = policy.spec.adaptive
+        if adaptive is None:
+            return status
+        rows: list[AdaptiveGpuLayout] = []
+        for node, decision in sorted(self.controller.decisions.items()):
+            for plan in decision.plan.for_node(node):
+                if plan.policy != policy.name:
+                    continue
+                choice = self.choices.get(plan.gpu.uuid)
+                layout = choice.layout if choice else adaptive.idle
+                reason = choice.reason if choice else "idle default"
+                rows.append(AdaptiveGpuLayout(node=node, gpu=plan.gpu.uuid, index=plan.gpu.index, layout=layout,
+                                              reason=reason[:256]))
+        recut = sum(1 for r in rows if r.layout != adaptive.idle)
+        return status.model_copy(update={"adaptive": rows[:100], "gpus_recut": recut})

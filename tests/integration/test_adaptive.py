@@ -1,0 +1,133 @@
+"""Adaptive layouts against the real kube-scheduler, operator and simulated agent: an idle GPU
+is recut for a claim whose Pod is Unschedulable, and the scheduler then really allocates the
+new device; a claim no menu can satisfy gets one Warning and no recut; a GPU free again stays
+cut as a warm spare while a whole GPU is free, and is recut back to whole when a Pod needs it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.processes import TesseraProcesses
+from tests.integration.kube_helpers import (
+    DRIVER,
+    allocated_devices,
+    apply,
+    claim_of,
+    claim_template,
+    delete_pod_now,
+    get,
+    get_or_none,
+    gpu_node,
+    node_devices,
+    on_node,
+    pod_with_claim,
+    policy,
+    wait_devices,
+)
+
+pytestmark = pytest.mark.integration
+
+ADAPTIVE: dict[str, Any] = {
+    "strategy": "Adaptive",
+    "adaptive": {
+        "layouts": [
+            {"name": "whole"},
+            {"name": "halves", "strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}},
+        ],
+        "idle": "whole",
+        "cooldown": "3s",
+        "maxRecuts": 1,
+        "pendingAfter": "1s",
+    },
+}
+THREE_G = f'device.attributes["{DRIVER}"].migProfile == "3g.40gb"'
+HUGE = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("500Gi")) >= 0'
+
+
+def claim_events(cluster: LocalCluster, namespace: str, claim: str, reason: str) -> list[dict[str, Any]]:
+    items = get(cluster, "events", "-n", namespace, "--field-selector",
+                f"involvedObject.name={claim},reason={reason}")["items"]
+    return list(items)
+
+
+def whole_gpus(devices: dict[str, dict[str, Any]]) -> list[str]:
+    return sorted(n for n, d in devices.items() if d["attributes"]["type"]["string"] == "gpu")
+
+
+async def test_an_idle_gpu_is_recut_for_a_waiting_claim_and_the_scheduler_allocates_it(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    node = "adaptive-a"
+    gpu_node(cluster, tessera, node, "adaptive", "2xH100-80GB")
+    apply(cluster, policy("adaptive", "adaptive", ADAPTIVE))
+    await wait_devices(cluster, node, lambda d: whole_gpus(d) == ["gpu-0", "gpu-1"], "two whole GPUs (idle layout)")
+
+    # A claim for a 3g slice: nothing published fits it, so its Pod is Unschedulable until a
+    # GPU is recut; then the scheduler itself allocates the new partition.
+    apply(cluster, claim_template("three-g", namespace, "mig.tessera.dev", THREE_G),
+          pod_with_claim("slice", namespace, "three-g", on_node(node)))
+    results = await wait_for(lambda: allocated_devices(cluster, namespace, "slice"), timeout=90,
+                             message="the 3g claim allocated after a recut")
+    device = str(results[0]["device"])
+    assert device.startswith("gpu-")
+    assert "-mig-3g-40gb-" in device
+    assert device in node_devices(cluster, node)
+    claim = claim_of(cluster, namespace, "slice")
+    assert claim is not None
+    name = claim["metadata"]["name"]
+    recut_events = claim_events(cluster, namespace, name, "AdaptiveRecut")
+    assert len(recut_events) == 1
+    assert "halves" in recut_events[0]["message"]
+    devices = node_devices(cluster, node)
+    assert len(whole_gpus(devices)) == 1, "the cap: one GPU recut, the other left whole"
+
+    def status_names_the_claim() -> dict[str, Any] | None:
+        body = get_or_none(cluster, "sharingpolicy", "adaptive")
+        rows = (body or {}).get("status", {}).get("adaptive", [])
+        return body if any(r["layout"] == "halves" and name in r["reason"] for r in rows) else None
+
+    body = await wait_for(status_names_the_claim, timeout=30, message="the policy status to name the recut")
+    assert body["status"]["gpusRecut"] == 1
+
+    # A claim that no layout of the menu could ever satisfy: one Warning, and no recut loop.
+    apply(cluster, claim_template("huge", namespace, "whole-gpu.tessera.dev", HUGE),
+          pod_with_claim("huge", namespace, "huge", on_node(node)))
+    huge = await wait_for(lambda: claim_of(cluster, namespace, "huge"), timeout=30, message="the huge claim")
+    huge_name = huge["metadata"]["name"]
+    warnings = await wait_for(lambda: claim_events(cluster, namespace, huge_name, "NoAdaptiveLayoutFits"),
+                              timeout=60, message="a Warning that nothing can satisfy the claim")
+    assert warnings[0]["type"] == "Warning"
+    assert "request 'gpu'" in warnings[0]["message"]
+    assert "menus of adaptive" in warnings[0]["message"]
+    before = node_devices(cluster, node)
+    await asyncio.sleep(6)  # six passes of the demand loop
+    assert len(claim_events(cluster, namespace, huge_name, "NoAdaptiveLayoutFits")) == 1
+    assert node_devices(cluster, node).keys() == before.keys(), "nothing recut for a claim that cannot fit"
+    delete_pod_now(cluster, namespace, "huge")
+
+    # The slice's Pod goes. Its GPU stays cut as a warm spare (the claims seen lately could use
+    # it, and a whole GPU is still free) ...
+    delete_pod_now(cluster, namespace, "slice")
+    await wait_for(lambda: claim_of_gone(cluster, namespace, name), timeout=60, message="the slice's claim gone")
+    await asyncio.sleep(6)  # twice the cooldown
+    assert len(whole_gpus(node_devices(cluster, node))) == 1, "a warm spare while a whole GPU is free"
+    # ... until whole GPUs run short: two Pods want one each; the first takes the free one, the
+    # second waits, and the spare is recut back to whole for it.
+    apply(cluster, claim_template("whole", namespace, "whole-gpu.tessera.dev"),
+          pod_with_claim("whole-1", namespace, "whole", on_node(node)),
+          pod_with_claim("whole-2", namespace, "whole", on_node(node)))
+    for pod in ("whole-1", "whole-2"):
+        await wait_for(lambda pod=pod: allocated_devices(cluster, namespace, pod), timeout=90,
+                       message=f"{pod} allocated a whole GPU")
+    got = sorted(str(allocated_devices(cluster, namespace, p)[0]["device"]) for p in ("whole-1", "whole-2"))
+    assert got == ["gpu-0", "gpu-1"]
+    assert whole_gpus(node_devices(cluster, node)) == ["gpu-0", "gpu-1"]
+
+
+def claim_of_gone(cluster: LocalCluster, namespace: str, claim: str) -> bool:
+    return get_or_none(cluster, "resourceclaim", claim, "-n", namespace) is None

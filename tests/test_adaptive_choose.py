@@ -1,0 +1,293 @@
+"""The adaptive planning room: claims read as demand, fitted to the devices a menu layout would
+publish (the publisher's builder, the planner's CEL path), and the recuts chosen for them."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_recuts
+from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors, fit, slot_of
+from tessera.adaptive.layouts import menu_devices, slots_of
+from tessera.dra.deviceclasses import device_classes
+from tessera.models.policy import SharingPolicy
+from tests.dra_gpus import gpu
+
+CLASSES = class_selectors(device_classes())
+OURS = frozenset(CLASSES)
+
+
+def policy(name: str = "adaptive", idle: str = "whole", max_recuts: int = 2, **extra: Any) -> SharingPolicy:
+    return SharingPolicy.model_validate(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "strategy": "Adaptive",
+                "adaptive": {
+                    "layouts": [
+                        {"name": "whole"},
+                        {"name": "slices", "strategy": "MIG", "mig": {"preset": "all-1g"}},
+                        {"name": "halves", "strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}},
+                        {"name": "mps", "strategy": "MPS", "mps": {"compute": {"default": 25, "values": [25, 50]}}},
+                    ],
+                    "idle": idle,
+                    "maxRecuts": max_recuts,
+                    **extra,
+                },
+            },
+        }
+    )
+
+
+def claim_body(name: str, requests: list[dict[str, Any]], constraints: list[dict[str, Any]] | None = None,
+               namespace: str = "team-a") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {"devices": {"requests": requests, "constraints": constraints or []}},
+    }
+
+
+def exactly(cls: str, name: str = "gpu", count: int = 1, selectors: tuple[str, ...] = (),
+            capacity: dict[str, str] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"deviceClassName": cls, "count": count}
+    if selectors:
+        body["selectors"] = [{"cel": {"expression": s}} for s in selectors]
+    if capacity:
+        body["capacity"] = {"requests": capacity}
+    return {"name": name, "exactly": body}
+
+
+def demand(name: str, *requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None) -> ClaimDemand:
+    found = claim_demand(claim_body(name, list(requests), constraints), OURS)
+    assert found is not None
+    return found
+
+
+WHOLE = exactly("whole-gpu.tessera.dev")
+MIG_3G = exactly("mig.tessera.dev", selectors=('device.attributes["gpu.tessera.dev"].migProfile == "3g.40gb"',))
+MIG_1G = exactly("mig.tessera.dev", selectors=('device.attributes["gpu.tessera.dev"].migProfile == "1g.10gb"',))
+SHARE_25 = exactly("shared-gpu.tessera.dev", capacity={"compute": "20"})
+
+
+def adaptive_gpus(count: int, node: str = "node-a", current: str = "whole", recuttable: bool = True,
+                  pol: SharingPolicy | None = None) -> list[AdaptiveGpu]:
+    pol = pol or policy()
+    return [AdaptiveGpu(node, gpu(i), pol, current, recuttable) for i in range(count)]
+
+
+# ---------------------------------------------------------------- reading claims
+
+
+def test_claims_of_other_drivers_allocated_claims_and_admin_access_are_not_demand() -> None:
+    assert claim_demand(claim_body("x", [exactly("gpu.example.com")]), OURS) is None
+    allocated = {**claim_body("y", [WHOLE]), "status": {"allocation": {"devices": {"results": []}}}}
+    assert claim_demand(allocated, OURS) is None
+    admin = {"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev", "adminAccess": True}}
+    assert claim_demand(claim_body("z", [admin]), OURS) is None
+    mixed = claim_body("w", [{"name": "r", "firstAvailable": [
+        {"name": "a", "deviceClassName": "mig.tessera.dev"}, {"name": "b", "deviceClassName": "gpu.example.com"}]}])
+    assert claim_demand(mixed, OURS) is None
+
+
+def test_first_available_alternatives_keep_their_order_and_capacity_requests_are_read() -> None:
+    d = demand("fa", {"name": "r", "firstAvailable": [
+        {"name": "big", "deviceClassName": "whole-gpu.tessera.dev"},
+        {"name": "share", "deviceClassName": "shared-gpu.tessera.dev",
+         "capacity": {"requests": {"compute": "50", "memory": "10Gi"}}},
+    ]})
+    assert [a.name for a in d.requests[0].alternatives] == ["r/big", "r/share"]
+    assert dict(d.requests[0].alternatives[1].capacity) == {"compute": Fraction(50), "memory": Fraction(10 * 2**30)}
+
+
+# ---------------------------------------------------------------- fitting
+
+
+def test_a_whole_gpu_claim_fits_a_whole_gpu_and_not_mig_slices() -> None:
+    options = {o.layout_name: o for o in menu_devices(policy(), gpu(0))}
+    assert fit(demand("c", WHOLE), slots_of(options["whole"].devices), CLASSES) is not None
+    assert fit(demand("c", WHOLE), slots_of(options["slices"].devices), CLASSES) is None
+    assert fit(demand("c", MIG_3G), slots_of(options["halves"].devices), CLASSES) is not None
+    assert fit(demand("c", MIG_3G), slots_of(options["slices"].devices), CLASSES) is None
+
+
+def test_mps_compute_is_rounded_up_by_its_valid_values_and_runs_out() -> None:
+    options = {o.layout_name: o for o in menu_devices(policy(), gpu(0))}
+    slots = slots_of(options["mps"].devices)
+    placed = 0
+    while fit(demand(f"s{placed}", SHARE_25), slots, CLASSES, consume=True) is not None:
+        placed += 1
+    assert placed == 4  # 20% asked, rounded up to 25 (the valid values are 25 and 50): four fit in 100
+    half = exactly("shared-gpu.tessera.dev", capacity={"compute": "60"})
+    assert fit(demand("h", half), slots_of(options["mps"].devices), CLASSES) is None  # above the largest value
+
+
+def test_match_attribute_keeps_two_requests_on_one_gpu() -> None:
+    pol = policy()
+    two = [*slots_of(menu_devices(pol, gpu(0))[1].devices), *slots_of(menu_devices(pol, gpu(1))[1].devices)]
+    same_gpu = demand("pair", {**MIG_1G, "name": "a"}, {**MIG_1G, "name": "b"},
+                      constraints=[{"requests": ["a", "b"], "matchAttribute": "gpu.tessera.dev/parentUUID"}])
+    result = fit(same_gpu, two, CLASSES)
+    assert result is not None
+    chosen = [two[i].gpu for _, idx in result.picks for i in idx]
+    assert len(set(chosen)) == 1
+    distinct = demand("apart", {**MIG_1G, "name": "a"}, {**MIG_1G, "name": "b"},
+                      constraints=[{"requests": ["a", "b"], "distinctAttribute": "gpu.tessera.dev/parentUUID"}])
+    result = fit(distinct, two, CLASSES)
+    assert result is not None
+    assert len({two[i].gpu for _, idx in result.picks for i in idx}) == 2
+
+
+def test_a_tainted_device_is_never_chosen() -> None:
+    device = menu_devices(policy(), gpu(0))[0].devices.devices[0]
+    tainted = {**device, "taints": [{"key": "tessera.dev/repartition", "effect": "NoSchedule"}]}
+    assert fit(demand("c", WHOLE), [slot_of("g", tainted, Fraction(1))], CLASSES) is None
+
+
+# ---------------------------------------------------------------- choosing
+
+
+def test_an_idle_gpu_is_recut_for_a_claim_that_fits_no_published_device() -> None:
+    gpus = adaptive_gpus(2, current="whole")
+    plan = plan_recuts([demand("llm-0", MIG_3G)], gpus, CLASSES, {"adaptive": 2})
+    assert [(r.gpu, r.layout, r.claims) for r in plan.recuts] == [(gpus[0].gpu.uuid, "halves", ("team-a/llm-0",))]
+    assert plan.recuts[0].reason == "recut for claim team-a/llm-0"
+    assert plan.placed["team-a/llm-0"] == (gpus[0].gpu.uuid,)
+    assert plan.unsatisfiable == ()
+    assert plan.waiting == ()
+
+
+def test_later_claims_pack_into_what_a_recut_leaves_before_another_gpu_is_cut() -> None:
+    gpus = adaptive_gpus(4, current="whole")
+    pending = [demand(f"s{i}", SHARE_25) for i in range(6)]
+    plan = plan_recuts(pending, gpus, CLASSES, {"adaptive": 4})
+    assert [r.layout for r in plan.recuts] == ["mps", "mps"]  # 4 shares per GPU: two GPUs for six
+    assert sorted(len(r.claims) for r in plan.recuts) == [2, 4]
+    assert set(plan.placed) == {c.key for c in pending}
+
+
+def test_among_equal_recut_counts_the_layout_that_also_hosts_the_next_claims_wins() -> None:
+    gpus = adaptive_gpus(2, current="whole")
+    # Any MIG partition fits both 'slices' (seven 1g) and 'halves' (two 3g); only 'halves' also
+    # takes the 3g claim waiting behind it, so one GPU is recut for both.
+    any_mig = exactly("mig.tessera.dev")
+    plan = plan_recuts([demand("m", any_mig), demand("big", MIG_3G)], gpus, CLASSES, {"adaptive": 2})
+    assert [(r.layout, r.claims) for r in plan.recuts] == [("halves", ("team-a/m", "team-a/big"))]
+    assert plan.fragmentation == 0
+
+
+def test_fragmentation_breaks_the_tie_when_the_queue_says_nothing() -> None:
+    menu = SharingPolicy.model_validate({"metadata": {"name": "adaptive"}, "spec": {
+        "strategy": "Adaptive", "adaptive": {"idle": "whole", "layouts": [
+            {"name": "whole"},
+            {"name": "balanced", "strategy": "MIG", "mig": {"preset": "all-balanced"}},
+            {"name": "halves", "strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}},
+        ]}}})
+    gpus = adaptive_gpus(1, current="whole", pol=menu)
+    # The claim takes a 1g or a 3g. On 'balanced' (first on the menu) it leaves a 2g that no
+    # claim seen could use (2/8 of a GPU); on 'halves' it leaves a 3g that they could.
+    one_or_three = exactly("mig.tessera.dev", selectors=(
+        'device.attributes["gpu.tessera.dev"].migProfile in ["1g.10gb", "3g.40gb"]',))
+    plan = plan_recuts([demand("m", one_or_three)], gpus, CLASSES, {"adaptive": 1}, recent=[demand("r", MIG_3G)])
+    assert plan.recuts[0].layout == "halves"
+    assert plan.fragmentation == 0
+
+
+def test_the_cap_bounds_recuts_and_the_rest_wait() -> None:
+    gpus = adaptive_gpus(8, current="whole")
+    pending = [demand(f"m{i}", MIG_3G, {**MIG_3G, "name": "second"}) for i in range(8)]
+    plan = plan_recuts(pending, gpus, CLASSES, {"adaptive": 3})
+    assert len(plan.recuts) == 3
+    assert len(plan.placed) == 3
+    assert len(plan.waiting) == 5
+
+
+def test_gpus_not_recuttable_are_never_recut() -> None:
+    gpus = adaptive_gpus(3, current="whole", recuttable=False)
+    plan = plan_recuts([demand("m", MIG_3G)], gpus, CLASSES, {"adaptive": 3})
+    assert plan.recuts == ()
+    assert plan.waiting == ("team-a/m",)  # it could fit once a GPU is free: no Warning
+
+
+def test_a_claim_no_menu_can_ever_satisfy_is_named_with_its_request() -> None:
+    huge = exactly("whole-gpu.tessera.dev", name="big",
+                   selectors=('device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("500Gi")) >= 0',))
+    plan = plan_recuts([demand("huge", huge)], adaptive_gpus(2), CLASSES, {"adaptive": 2})
+    assert plan.recuts == ()
+    assert plan.waiting == ()
+    (never,) = plan.unsatisfiable
+    assert never.claim == "team-a/huge"
+    assert "request 'big' (class whole-gpu.tessera.dev, count 1" in never.message
+    assert "menus of adaptive" in never.message
+
+
+def test_fragmentation_counts_free_pieces_no_recent_claim_could_use() -> None:
+    options = {o.layout_name: o for o in menu_devices(policy(), gpu(0))}
+    slices = slots_of(options["slices"].devices)
+    assert fragmentation(slices, [demand("w", WHOLE)], CLASSES) == Fraction(7, 8)
+    assert fragmentation(slices, [demand("s", MIG_1G)], CLASSES) == 0
+
+
+# ---------------------------------------------------------------- properties
+
+_SHAPES = [WHOLE, MIG_3G, MIG_1G, SHARE_25, exactly("mig.tessera.dev", count=2)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    kinds=st.lists(st.integers(0, len(_SHAPES) - 1), min_size=1, max_size=10),
+    recuttable=st.lists(st.booleans(), min_size=1, max_size=5),
+    cap=st.integers(0, 4),
+)
+def test_a_plan_recuts_only_free_gpus_within_the_cap_and_every_claim_it_places_fits(
+    kinds: list[int], recuttable: list[bool], cap: int
+) -> None:
+    pol = policy()
+    gpus = [AdaptiveGpu("node-a", gpu(i), pol, "whole", free) for i, free in enumerate(recuttable)]
+    pending = [demand(f"c{i}", _SHAPES[k]) for i, k in enumerate(kinds)]
+    menus = MenuCache()
+    plan = plan_recuts(pending, gpus, CLASSES, {"adaptive": cap}, menus=menus)
+    free = {g.gpu.uuid for g in gpus if g.recuttable}
+    assert {r.gpu for r in plan.recuts} <= free
+    assert len(plan.recuts) <= cap
+    assert len({r.gpu for r in plan.recuts}) == len(plan.recuts)
+    outcome = [*plan.placed, *plan.waiting, *(u.claim for u in plan.unsatisfiable)]
+    assert sorted(outcome) == sorted(c.key for c in pending)  # each claim has exactly one outcome
+    # Replaying the placed claims, in order, on the recut GPUs' devices reproduces the plan.
+    recut_of = {r.gpu: r.layout for r in plan.recuts}
+    slots = [
+        s for g in gpus if g.gpu.uuid in recut_of
+        for o in menus.options(pol, g.gpu) if o.layout_name == recut_of[g.gpu.uuid]
+        for s in slots_of(o.devices)
+    ]
+    for claim in pending:
+        if claim.key in plan.placed:
+            assert fit(claim, slots, CLASSES, consume=True) is not None
+
+
+def test_a_free_cut_gpu_stays_a_warm_spare_only_while_as_many_idle_layout_gpus_are_free() -> None:
+    pol = policy()
+    cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", True)
+    whole_free = AdaptiveGpu("node-a", gpu(1), pol, "whole", True)
+    whole_busy = AdaptiveGpu("node-a", gpu(1), pol, "whole", False)
+    nothing = plan_recuts([], [cut, whole_free], CLASSES, {"adaptive": 2})
+    recent = [demand("r", MIG_3G)]
+    assert back_to_idle([cut, whole_free], nothing) == [cut], "without recent demand: back to idle"
+    assert back_to_idle([cut, whole_free], nothing, recent, CLASSES) == [], "a spare while a whole GPU is free"
+    assert back_to_idle([cut, whole_busy], nothing, recent, CLASSES) == [cut], "whole GPUs run short: back"
+    assert back_to_idle([cut, whole_free], nothing, [demand("w", WHOLE)], CLASSES) == [cut], "of no use: back"
+    busy_cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", False)
+    assert back_to_idle([busy_cut, whole_busy], nothing) == [], "held or cooling down: never"
+
+
+def test_a_thousand_waiting_claims_recut_no_more_than_the_cap() -> None:
+    pol = policy(max_recuts=4)
+    gpus = [AdaptiveGpu(f"node-{n}", gpu(i), pol, "whole", True) for n in range(8) for i in range(8)]
+    shapes = [MIG_3G, SHARE_25, MIG_1G]
+    pending = [demand(f"c{i:04d}", shapes[i % 3]) for i in range(1000)]
+    plan = plan_recuts(pending, gpus, CLASSES, {"adaptive": 4})
+    assert len(plan.recuts) == 4
+    assert len(plan.placed) + len(plan.waiting) == 1000
+    assert len(plan.placed) == sum(len(r.claims) for r in plan.recuts)  # each placed claim on a recut GPU

@@ -1,0 +1,219 @@
+"""The operator's adaptive demand loop on a real Fleet and real decisions (no API server):
+which claims count as pending, what a pass recuts, the cap, the one Warning, cooldown and the
+return to the idle layout, and what the policy status says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessera.adaptive.layouts import status_after
+from tessera.controller.decide import NodeDecision, decide_node
+from tessera.controller.demand import AdaptiveDemand, pod_claims, unschedulable
+from tessera.controller.state import Fleet
+from tessera.models.policy import SharingPolicyStatus
+from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
+from tests.dra_gpus import gpu
+
+ADAPTIVE = {
+    "strategy": "Adaptive",
+    "adaptive": {
+        "layouts": [{"name": "whole"}, {"name": "halves", "strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}}],
+        "idle": "whole",
+        "cooldown": "60s",
+        "maxRecuts": 1,
+        "pendingAfter": "5s",
+    },
+}
+THREE_G = 'device.attributes["gpu.tessera.dev"].migProfile == "3g.40gb"'
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class View:
+    """The Controller as the demand loop sees it: a fleet, its decisions, a queue."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.decisions: dict[str, NodeDecision] = {}
+        self.enqueued: list[str] = []
+
+    def enqueue(self, *nodes: str) -> None:
+        self.enqueued.extend(nodes)
+
+    def decide(self) -> None:
+        """Decide the node and write the spec, as a reconcile does (the handover is immediate:
+        no claim holds a device here unless a test says so)."""
+        decision = decide_node(self.fleet, NODE, 0.0)
+        assert decision is not None
+        view = self.fleet.nodes[NODE]
+        assert view.layout is not None
+        assert view.layout.status is not None
+        if decision.spec != view.layout.spec:
+            cleared = {g.uuid: g.drain.devices for g in decision.gpus if g.drain is not None and not g.drain.claims}
+            decision = decide_node(self.fleet, NODE, 0.0, None, cleared) or decision
+            self.fleet.set_layout(layout_body(view.layout.status.gpus, decision.spec.gpus))
+        self.decisions[NODE] = decision
+
+
+def pending_claim(name: str, cel: str = THREE_G, cls: str = "mig.tessera.dev") -> dict[str, Any]:
+    body = claim_body(name, namespace="team-a")
+    body["metadata"]["uid"] = f"uid-{name}"
+    body["spec"] = {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": cls, "selectors": [{"cel": {"expression": cel}}]}}]}}
+    return body
+
+
+def waiting_pod(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+        "status": {
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+            "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}],
+        },
+    }
+
+
+def setup(gpus: int = 2) -> tuple[View, AdaptiveDemand, FakeClock, list[tuple[str, str, str, str]]]:
+    fleet = Fleet()
+    fleet.set_node(node_body())
+    fleet.set_policy(policy_body("adaptive", **ADAPTIVE))
+    fleet.set_layout(layout_body([gpu(i) for i in range(gpus)]))
+    view = View(fleet)
+    view.decide()
+    events: list[tuple[str, str, str, str]] = []
+
+    async def post(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        events.append((body["metadata"]["name"], type_, reason, message))
+
+    clock = FakeClock()
+    return view, AdaptiveDemand(view, post, clock=clock), clock, events
+
+
+def test_a_pod_names_its_claims_and_says_when_it_is_unschedulable() -> None:
+    pod = waiting_pod("p", "p-gpu-x1")
+    pod["spec"]["resourceClaims"].append({"name": "b", "resourceClaimName": "shared"})
+    assert pod_claims(pod) == ["team-a/p-gpu-x1", "team-a/shared"]
+    assert unschedulable(pod)
+    assert not unschedulable({**pod, "spec": {**pod["spec"], "nodeName": "n"}})
+    assert not unschedulable({**pod, "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}})
+
+
+async def test_a_claim_is_demand_only_past_the_debounce_and_then_its_gpu_is_recut() -> None:
+    view, demand, clock, events = setup()
+    demand.claim_seen("ADDED", pending_claim("llm-0"))
+    demand.pod_seen("ADDED", waiting_pod("llm", "llm-0"))
+    clock.now += 4
+    plan = await demand.run_pass()
+    assert plan is not None
+    assert plan.recuts == (), "inside the debounce nothing counts yet"
+    clock.now += 2
+    plan = await demand.run_pass()
+    assert plan is not None
+    assert [(r.index, r.layout) for r in plan.recuts] == [(0, "halves")]
+    assert view.fleet.adaptive_choices == {gpu(0).uuid: "halves"}
+    assert view.enqueued == [NODE]
+    assert events == [("llm-0", "Normal", "AdaptiveRecut",
+                       f"GPU 0 on {NODE} is being recut to layout 'halves' of SharingPolicy adaptive for this claim")]
+    # The decision now wants the chosen layout for GPU 0 and keeps GPU 1 whole.
+    view.decide()
+    wanted = {g.index: g.target for g in view.decisions[NODE].gpus}
+    assert wanted[0] is not None
+    assert wanted[0].menu_layout == "halves"
+    assert len(wanted[0].mig_instances) == 2
+    assert wanted[1] is not None
+    assert wanted[1].menu_layout == "whole"
+
+
+async def test_claims_of_other_drivers_and_allocated_claims_are_ignored() -> None:
+    _view, demand, _clock, _ = setup()
+    other = pending_claim("other", cls="gpu.example.com")
+    demand.claim_seen("ADDED", other)
+    allocated = claim_body("done", ["gpu-1"], namespace="team-a", pods=["p"])
+    demand.claim_seen("ADDED", allocated)
+    assert demand.claims == {}
+
+
+async def test_the_cap_counts_recuts_under_way_and_one_warning_goes_to_a_claim_nothing_fits() -> None:
+    view, demand, clock, events = setup(gpus=3)
+    for i in range(3):
+        demand.claim_seen("ADDED", pending_claim(f"c{i}"))
+        demand.pod_seen("ADDED", waiting_pod(f"p{i}", f"c{i}"))
+    huge = 'device.capacity["gpu.tessera.dev"].memory.compareTo(quantity("500Gi")) >= 0'
+    demand.claim_seen("ADDED", pending_claim("huge", huge, "whole-gpu.tessera.dev"))
+    demand.pod_seen("ADDED", waiting_pod("ph", "huge"))
+    clock.now += 10
+    first = await demand.run_pass()
+    assert first is not None
+    assert len(first.recuts) == 1
+    assert sorted(first.placed) == ["team-a/c0", "team-a/c1"]
+    assert first.waiting == ("team-a/c2",)
+    view.decide()  # the spec is not applied yet: the recut is under way, so the cap is full
+    second = await demand.run_pass()
+    assert second is not None
+    assert second.recuts == ()
+    warnings = [e for e in events if e[2] == "NoAdaptiveLayoutFits"]
+    assert len(warnings) == 1
+    assert warnings[0][0] == "huge"
+    assert warnings[0][1] == "Warning"
+    assert "request 'gpu'" in warnings[0][3]
+
+
+async def test_a_gpu_returns_to_idle_only_when_free_and_past_its_cooldown() -> None:
+    view, demand, clock, _ = setup(gpus=1)
+    demand.claim_seen("ADDED", pending_claim("c"))
+    demand.pod_seen("ADDED", waiting_pod("p", "c"))
+    clock.now += 10
+    plan = await demand.run_pass()
+    assert plan is not None
+    assert len(plan.recuts) == 1
+    # The operator writes the spec, the agent applies it, the scheduler allocates the claim.
+    view.decide()
+    target = view.decisions[NODE].gpus[0].target
+    assert target is not None
+    view.fleet.set_layout(layout_body([status_after(gpu(0), target)], [target]))
+    view.decide()
+    allocated = claim_body("c", ["gpu-0-mig-3g-40gb-0"], namespace="team-a", pods=["p"])
+    view.fleet.set_claim(allocated)
+    demand.claim_seen("MODIFIED", allocated)
+    clock.now += 120
+    await demand.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "halves", "a held GPU is never recut, cooldown or not"
+    status = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    assert [(r.layout, r.reason) for r in status.adaptive] == [("halves", "recut for claim team-a/c")]
+    assert status.gpus_recut == 1
+    # The claim goes: now free and long past the cooldown, the GPU goes back to whole.
+    view.fleet.remove_claim("team-a", "c")
+    demand.claim_seen("DELETED", allocated)
+    view.decide()
+    await demand.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole"
+    status = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    assert [(r.index, r.layout, r.reason) for r in status.adaptive] == [(0, "whole", "idle default")]
+    assert status.gpus_recut == 0
+
+
+async def test_a_recut_gpu_keeps_its_layout_through_the_cooldown_even_when_free() -> None:
+    view, demand, clock, _ = setup(gpus=1)
+    demand.claim_seen("ADDED", pending_claim("c"))
+    demand.pod_seen("ADDED", waiting_pod("p", "c"))
+    clock.now += 10
+    await demand.run_pass()
+    view.decide()
+    target = view.decisions[NODE].gpus[0].target
+    assert target is not None
+    view.fleet.set_layout(layout_body([status_after(gpu(0), target)], [target]))
+    view.decide()
+    demand.claim_seen("DELETED", pending_claim("c"))  # the Pod gave up before it ran
+    clock.now += 30
+    await demand.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "halves", "inside the 60 s cooldown it stays"
+    clock.now += 31
+    await demand.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole"
