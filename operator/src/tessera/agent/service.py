@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,7 @@ from tessera.kube.nodelayouts import (
 )
 from tessera.kube.watch import ListWatch
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
+from tessera.models.nics import NicStatus
 
 AGENT_VERSION = "0.1.0"
 log = structlog.get_logger("tessera.agent")
@@ -156,6 +158,8 @@ class NodeAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status: NodeLayoutStatus | None = None
         self._last_write = 0.0
+        # The NIC family's inventory (tessera.agent.nics), reported beside the GPUs; None: no NICs.
+        self.nic_inventory: Callable[[], Sequence[NicStatus]] | None = None
         self._last_pass_done: float | None = None
         self.http_port: int | None = None  # the bound port, once serving
         self.claims = ClaimView(api, driver=DRIVER_NAME, node=config.node_name,
@@ -279,6 +283,8 @@ class NodeAgent:
                 observed_generation=generation,
                 previous=previous,
             )
+            if self.nic_inventory is not None:
+                status = status.model_copy(update={"nics": list(self.nic_inventory())})
             heartbeat_due = time.monotonic() - self._last_write >= self.config.resync_seconds
             if previous != status or heartbeat_due:
                 await write_node_layout_status(self.api, self.config.node_name, status.to_kube())
