@@ -106,7 +106,7 @@ async def test_the_install_runs_as_pods_from_the_local_image_and_the_samples_rea
         agents = pods(cluster, INSTALL_NAMESPACE, "app.kubernetes.io/name=tessera-agent")
         simulated = [a for a in agents if any(
             e.get("value") == "simulated" for e in a["spec"]["containers"][0].get("env", []))]
-        return (len(operator) == 1 and running_and_ready(operator[0])
+        return (len(operator) == 2 and all(running_and_ready(p) for p in operator)  # leader and standby
                 and len(simulated) == 1 and running_and_ready(simulated[0]) and len(agents) == 1)
 
     try:
