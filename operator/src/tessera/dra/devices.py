@@ -59,6 +59,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tessera import DRIVER_NAME
+from tessera.dra.packing import dynamic_placement_order, static_instance_order
 from tessera.models.attributes import (
     COMPUTE_CAPACITY,
     MEMORY_CAPACITY,
@@ -68,7 +69,6 @@ from tessera.models.attributes import (
     memory_bytes,
     whole_gpu_attributes,
 )
-from tessera.dra.packing import dynamic_placement_order, static_instance_order
 from tessera.models.catalog import COMPUTE_SLICES, MEMORY_SLICES, MigProfile, ProfileKind, catalog_model
 from tessera.models.devices import dynamic_mig_device_name, gpu_device_name, mig_device_name
 from tessera.models.layout import GpuStatus, Health, MigInstanceStatus

@@ -14,7 +14,7 @@ What is listed first is tried first, so the order Tessera publishes in steers pl
   devices would satisfy takes the smallest; and for DynamicMIG, among the placements of one
   profile, the placement that blocks least of the others first (:func:`placement_cost`), so a
   small instance lands where it fragments least — a 1g goes to memory slice 6, then 5, 4, …,
-  leaving slices 0–3 free for a 4g and 0–7 reachable for 3g/4g as long as possible.
+  leaving slices 0-3 free for a 4g or a 3g as long as possible.
 
 Only static facts decide the order (profile shape, placement, instance size), never live
 usage: an allocation or release changes nothing the operator publishes, so "a publish with
