@@ -34,7 +34,7 @@ def assert_placed(out: str) -> None:
     assert "gpu-0-mig-3g-40gb-4          share shared    39.5Gi  <- vllm-0 (compute 50%, memory 20Gi)" in out
     assert "<- llama-70b-0" in out
     assert out.count("(compute 10%, memory 10Gi)") == 3, "three notebooks share the A100 through MPS"
-    assert "MIG instances: 3g.71gb@4" in out, "the DynamicMIG instance is made at prepare time, where it fragments least"
+    assert "MIG instances: 3g.71gb@4" in out, "made at prepare time, where it fragments least"
     # The adaptive policy: slice-0 waited for a 3g slice nothing published, and GPU 2 was recut.
     assert re.search(r"^Recut for a waiting Pod: slice-0-gpu-\S+: GPU 2 on demo-h100 is being recut to layout "
                      r"'halves' of SharingPolicy inference-adaptive for this claim$", out, re.M), out
