@@ -1,6 +1,7 @@
-"""What writing a claim's ``status.devices`` adds to a prepare and an unprepare: p50 / p99 of
-the server-side apply the kubelet plugin makes (``tessera.kube.claimstatus``), against the
-real local control plane, for claims allocated one device each.
+"""What writing a claim's ``status.devices`` costs at a prepare and an unprepare (the kubelet
+plugin writes it after its answer, so the kubelet no longer waits for it): p50 / p99 of the
+server-side apply the plugin makes (``tessera.kube.claimstatus``), against the real local
+control plane, for claims allocated one device each.
 
     .venv/bin/python benchmarks/bench_claim_status.py [--claims 100] [--concurrency 8]
 

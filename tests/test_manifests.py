@@ -255,6 +255,12 @@ OPERATOR_RESOURCES = {
         ("kube/objects.py", '"sharingpolicies"'), ("controller/handlers.py", "POLICIES")],
     ("tessera.dev", "sharingpolicies/status"): [
         ("kube/objects.py", '"sharingpolicies"'), ("kube/objects.py", 'subresource="status"')],
+    ("tessera.dev", "networksharingpolicies"): [
+        ("controller/nics.py", '"networksharingpolicies"'),
+        ("controller/nics.py", "*NETWORK_POLICIES, self.policy_seen"),
+    ],
+    ("tessera.dev", "networksharingpolicies/status"): [
+        ("controller/nics.py", "resource_path(*NETWORK_POLICIES, name, subresource=\"status\")")],
     ("tessera.dev", "nodelayouts"): [
         ("kube/objects.py", "resource_path(*LAYOUTS, name)"), ("controller/runtime.py", "*LAYOUTS")],
     ("", "nodes"): [("kube/objects.py", 'NODES = ("", "v1", "nodes")'), ("controller/runtime.py", "*NODES")],
@@ -277,6 +283,7 @@ AGENT_RESOURCES = {
     ],
     ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", 'subresource="status"')],
     ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", '"apply"')],
+    ("resource.k8s.io", "resourceslices"): [("agent/nics/plugin.py", '"resourceslices"')],
 }
 
 

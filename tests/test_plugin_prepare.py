@@ -594,6 +594,7 @@ async def test_prepare_writes_ready_device_status_with_uuid_profile_limits_and_d
     await plugin.prepare(ref(mps))
     await plugin.prepare(ref(mig))
     await plugin.prepare(ref(mig))  # already prepared: nothing new to say
+    await plugin.flush_status()  # written after the answers
 
     (mps_uid, (mps_entry,)), (mig_uid, (mig_entry,)) = writer.writes
     assert (mps_uid, mig_uid) == (mps["metadata"]["uid"], mig["metadata"]["uid"])
@@ -613,6 +614,7 @@ async def test_prepare_writes_ready_device_status_with_uuid_profile_limits_and_d
     assert "shareID" not in mig_entry
 
     await plugin.unprepare(ref(mig))
+    await plugin.flush_status()
     assert writer.writes[-1] == (mig["metadata"]["uid"], []), "unprepare clears the entries"
 
 
@@ -630,3 +632,4 @@ async def test_a_failed_status_write_does_not_fail_the_prepare(
     assert spec_of(dirs, body)["devices"]
     await plugin.unprepare(ref(body))
     assert not (dirs.cdi / spec_file_name(body["metadata"]["uid"])).exists()
+    await plugin.close(grace=0.0)  # the write still being retried stops with the plugin

@@ -20,6 +20,7 @@ from typing import Any
 import kopf
 
 from tessera import API_GROUP
+from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
 from tessera.kube.http import KubeClient
 from tessera.kube.objects import CLAIMS, POLICIES, Api
@@ -60,10 +61,14 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     controller = Controller(Api(client), workers=workers, handover_grace=grace)
     memo.controller = controller
     await controller.start()
+    memo.nics = NicPublisher(Api(client))  # the NIC family's room: tessera.controller.nics
+    await memo.nics.start()
 
 
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: Any, **_: Any) -> None:
+    if getattr(memo, "nics", None) is not None:
+        await memo.nics.stop()
     if getattr(memo, "controller", None) is not None:
         await _controller(memo).stop()
     if getattr(memo, "client", None) is not None:

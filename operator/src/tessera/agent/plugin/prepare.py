@@ -9,9 +9,12 @@ prepared returns the recorded answer and does nothing else.
 Unprepare removes the CDI spec, drops the holds and destroys the dynamic instances the
 claim got; a claim the plugin does not know is already unprepared.
 
-With a ``ClaimStatusWriter``, a fresh prepare also writes the claim's ``status.devices``
+With a ``ClaimStatusWriter``, a fresh prepare also has the claim's ``status.devices`` written
 (``device_status_entries``: Ready, UUIDs, MIG profile, MPS limits, driver version) and a
-finished unprepare clears them.
+finished unprepare has them cleared — after the kubelet's answer, retried until they land
+(``statuswrites``): the kubelet never waits on that API round trip. The checkpoint, which is
+what keeps a device from being handed to a second claim after a restart, is on disk before
+the answer. Each call's steps are timed (``steps``: a histogram and a debug line).
 
 Concurrency: every claim has its own lock, so one claim is never worked on twice at once,
 while different claims proceed together; one hardware lock covers every "look, then change
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -79,6 +82,8 @@ from tessera.agent.plugin.claims import (
     allocated_devices,
 )
 from tessera.agent.plugin.hardware import PluginBackend, device_nodes
+from tessera.agent.plugin.statuswrites import ClaimStatusWrites
+from tessera.agent.plugin.steps import PluginMetrics, StepTimes
 from tessera.models.devices import DeviceKind, parse_device_name
 
 log = structlog.get_logger("tessera.agent.plugin")
@@ -105,14 +110,20 @@ class ClaimPreparer:
         reader: ClaimReader,
         settings: PreparerSettings,
         status_writer: ClaimStatusWriter | None = None,
+        metrics: PluginMetrics | None = None,
     ) -> None:
         self._backend = backend
         self._reader = reader
-        self._status_writer = status_writer
+        self.metrics = metrics or PluginMetrics()
+        self._status = ClaimStatusWrites(status_writer, self.metrics) if status_writer is not None else None
         self._settings = settings
         self._claims: dict[str, PreparedClaim] = {}
         self._claim_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._hardware_lock = asyncio.Lock()
+        # DynamicMIG instances a prepare in flight has made or taken, by instance UUID -> claim
+        # UID: the claim's record names them only once it is prepared, and until then no other
+        # claim may take them (read and written under the hardware lock).
+        self._taking: dict[str, str] = {}
         self._checkpoint_lock = asyncio.Lock()
         self._changes = 0  # changes made to the claims, counted
         self._saved = 0  # changes the checkpoint on disk holds
@@ -179,12 +190,13 @@ class ClaimPreparer:
             await asyncio.to_thread(save_checkpoint, self._settings.checkpoint_path, data)
             self._saved = covered
 
-    async def _set_claim(self, claim: PreparedClaim | None, uid: str) -> None:
+    async def _set_claim(self, claim: PreparedClaim | None, uid: str, times: StepTimes | None = None) -> None:
         if claim is None:
             self._claims.pop(uid, None)
         else:
             self._claims[uid] = claim
-        await self._save()
+        with times.step("checkpoint") if times is not None else contextlib.nullcontext():
+            await self._save()
 
     def _lock(self, uid: str) -> asyncio.Lock:
         lock = self._claim_locks.get(uid)
@@ -205,24 +217,49 @@ class ClaimPreparer:
     # -- prepare --
 
     async def prepare(self, ref: ClaimRef) -> PreparedClaim:
-        """Prepare one claim; raises ClaimError with a message for the kubelet."""
-        async with self._lock(ref.uid):
-            known = self._claims.get(ref.uid)
-            if known is not None and known.state is ClaimState.PREPARED and await self._spec_exists(ref.uid):
-                return known
-            claim = await self._reader.read_claim(ref.namespace, ref.name)
-            if claim is None:
-                raise ClaimError(f"ResourceClaim {ref} does not exist (deleted before it was prepared)")
-            devices = allocated_devices(claim, ref, self._settings.driver, self._settings.node)
-            prepared = await self._prepare_devices(ref, devices, known)
-            self._log.info("claim prepared", claim=str(ref), uid=ref.uid, devices=[d.device for d in prepared.devices])
-            return prepared
+        """Prepare one claim; raises ClaimError with a message for the kubelet. The checkpoint
+        holds the claim before this returns; its device status is written after (``statuswrites``)."""
+        times, outcome = StepTimes(), "failed"
+        try:
+            async with self._locked(ref.uid, times):
+                with times.step("checks"):
+                    known = self._claims.get(ref.uid)
+                    again = known is not None and known.state is ClaimState.PREPARED and await self._spec_exists(
+                        ref.uid)
+                if again:
+                    assert known is not None
+                    outcome = "again"
+                    return known
+                with times.step("claim_read"):
+                    claim = await self._reader.read_claim(ref.namespace, ref.name)
+                if claim is None:
+                    raise ClaimError(f"ResourceClaim {ref} does not exist (deleted before it was prepared)")
+                with times.step("checks"):
+                    devices = allocated_devices(claim, ref, self._settings.driver, self._settings.node)
+                prepared = await self._prepare_devices(ref, devices, known, times)
+                outcome = "prepared"
+                self._log.info("claim prepared", claim=str(ref), uid=ref.uid,
+                               devices=[d.device for d in prepared.devices])
+                return prepared
+        finally:
+            self.metrics.record("prepare", times, str(ref), outcome)
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, uid: str, times: StepTimes) -> AsyncIterator[None]:
+        """The claim's own lock, the wait for it timed as the step ``lock``."""
+        lock = self._lock(uid)
+        with times.step("lock"):
+            await lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
 
     async def _spec_exists(self, uid: str) -> bool:
         return await asyncio.to_thread((self._settings.cdi_dir / spec_file_name(uid)).is_file)
 
     async def _prepare_devices(
-        self, ref: ClaimRef, devices: Sequence[AllocatedDevice], known: PreparedClaim | None
+        self, ref: ClaimRef, devices: Sequence[AllocatedDevice], known: PreparedClaim | None, times: StepTimes
     ) -> PreparedClaim:
         dynamic = any(d.ref.kind is DeviceKind.DYNAMIC_MIG for d in devices)
         created: list[DynamicInstance] = []
@@ -231,26 +268,38 @@ class ClaimPreparer:
             if dynamic:
                 # Record the placements before touching the GPUs: after a crash, the restarted
                 # agent knows which instances may be this claim's.
-                await self._set_claim(await self._plan(ref, devices), ref.uid)
+                with times.step("hardware"):
+                    planned = await self._plan(ref, devices)
+                await self._set_claim(planned, ref.uid, times)
             # Only "look, then create" needs the GPUs to stand still; holds are atomic in the
             # backend, so claims of existing devices do not wait for each other.
-            async with self._hardware_lock if dynamic else contextlib.nullcontext():
-                inventory = await self._call(self._backend.inventory)
-                accesses = await self._acquire(ref, devices, inventory, held, created)
-            cdi_devices, common = build_cdi_devices(
-                ref.uid, accesses, str(self._settings.dev_root) if self._settings.dev_root else None
-            )
-            spec = claim_spec(cdi_devices, common)
-            await asyncio.to_thread(write_claim_spec, self._settings.cdi_dir, ref.uid, spec)
+            with times.step("hardware_lock"):
+                if dynamic:
+                    await self._hardware_lock.acquire()
+            try:
+                with times.step("hardware"):
+                    inventory = await self._call(self._backend.inventory)
+                    accesses = await self._acquire(ref, devices, inventory, held, created)
+            finally:
+                if dynamic:
+                    self._hardware_lock.release()
+            with times.step("cdi_write"):
+                cdi_devices, common = build_cdi_devices(
+                    ref.uid, accesses, str(self._settings.dev_root) if self._settings.dev_root else None
+                )
+                spec = claim_spec(cdi_devices, common)
+                await asyncio.to_thread(write_claim_spec, self._settings.cdi_dir, ref.uid, spec)
+            prepared = prepared_claim(ref, accesses, cdi_devices, created)
+            await self._set_claim(prepared, ref.uid, times)  # on disk before the kubelet hears of it
         except BaseException:
             await self._roll_back(ref, created, held, keep=known)
             raise
+        finally:
+            for instance in created:
+                if instance.uuid is not None and self._taking.get(instance.uuid) == ref.uid:
+                    del self._taking[instance.uuid]
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        await self._write_status(
-            ref, device_status_entries(self._settings.driver, accesses, inventory.driver_version, now)
-        )
-        prepared = prepared_claim(ref, accesses, cdi_devices, created)
-        await self._set_claim(prepared, ref.uid)
+        self._submit_status(ref, device_status_entries(self._settings.driver, accesses, inventory.driver_version, now))
         return prepared
 
     async def _plan(self, ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> PreparedClaim:
@@ -314,6 +363,7 @@ class ClaimPreparer:
         profile, start = d.ref.placement
         existing = find_instance(gpu, profile, start)
         if existing is not None:
+            assert existing.uuid is not None  # find_instance finds usable instances only
             others = (c for c in self._claims.values() if c.uid != ref.uid)
             owner = next((c for c in others if existing.uuid in c.device_uuids), None)
             if owner is not None:
@@ -321,11 +371,19 @@ class ClaimPreparer:
                     f"device {d.device}: the instance at this placement still belongs to claim {owner.uid}, "
                     "which is being unprepared; the kubelet retries"
                 )
+            taker = self._taking.get(existing.uuid)
+            if taker is not None and taker != ref.uid:
+                raise ClaimError(
+                    f"device {d.device}: the instance at this placement is being prepared for claim {taker}; "
+                    "the kubelet retries"
+                )
+            self._taking[existing.uuid] = ref.uid
             return existing, DynamicInstance(
                 gpu_uuid=gpu.uuid, profile=existing.profile, start=existing.start,
                 gpu_instance_id=existing.gpu_instance_id, uuid=existing.uuid,
             )
         made = await self._call(self._backend.create_instance, gpu.uuid, profile, start, ref.uid)
+        self._taking[made.uuid] = ref.uid
         self._log.info("dynamic MIG instance created", claim=str(ref), gpu=gpu.uuid, profile=made.profile,
                        start=made.start, uuid=made.uuid)
         instance = MigInstanceInfo(
@@ -359,15 +417,21 @@ class ClaimPreparer:
         if clean and self._claims.get(ref.uid) is not keep:
             await self._set_claim(keep, ref.uid)
 
-    async def _write_status(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
-        """Publish (or, with no entries, clear) the claim's device status. The status tells
-        people what was prepared; failing to write it never fails the kubelet's call."""
-        if self._status_writer is None:
-            return
-        try:
-            await self._status_writer.write_device_status(ref, entries)
-        except Exception as error:  # any API failure: logged, the prepare stands
-            self._log.warning("claim device status not written", claim=str(ref), error=str(error)[:300])
+    def _submit_status(self, ref: ClaimRef, entries: list[dict[str, Any]]) -> None:
+        """Publish (or, with no entries, clear) the claim's device status, after the answer:
+        the status tells people what was prepared; the kubelet never waits for it."""
+        if self._status is not None:
+            self._status.submit(ref, entries)
+
+    async def flush_status(self) -> None:
+        """Until every device status submitted so far has been written (tests, benchmarks)."""
+        if self._status is not None:
+            await self._status.flush()
+
+    async def close(self, grace: float) -> None:
+        """Stop: device status writes still pending get ``grace`` seconds to land."""
+        if self._status is not None:
+            await self._status.close(grace)
 
     def _destroy(self, gpu_uuid: str, gpu_instance_id: int) -> bool:
         self._backend.destroy_instance(gpu_uuid, gpu_instance_id)
@@ -377,24 +441,33 @@ class ClaimPreparer:
 
     async def unprepare(self, ref: ClaimRef) -> None:
         """Unprepare one claim; a claim not prepared here is already unprepared."""
-        async with self._lock(ref.uid):
-            await asyncio.to_thread(remove_claim_spec, self._settings.cdi_dir, ref.uid)
-            known = self._claims.get(ref.uid)
-            if known is None:
-                return
-            for uuid in known.device_uuids:
-                await self._call(self._backend.release, uuid, ref.uid, quiet=True)
-            left = await self._destroy_dynamic(ref, known)
-            if left:
-                await self._set_claim(replace_devices(known, left, ClaimState.UNPREPARING), ref.uid)
-                raise ClaimError(
-                    f"ResourceClaim {ref}: could not destroy MIG instance(s) "
-                    f"{', '.join(d.device for d in left)} yet (processes still run on them); "
-                    "the kubelet retries"
-                )
-            await self._set_claim(None, ref.uid)
-            await self._write_status(ref, [])
-            self._log.info("claim unprepared", claim=str(ref), uid=ref.uid)
+        times, outcome = StepTimes(), "failed"
+        try:
+            async with self._locked(ref.uid, times):
+                with times.step("cdi_remove"):
+                    await asyncio.to_thread(remove_claim_spec, self._settings.cdi_dir, ref.uid)
+                known = self._claims.get(ref.uid)
+                if known is None:
+                    outcome = "unknown"
+                    return
+                with times.step("release"):
+                    for uuid in known.device_uuids:
+                        await self._call(self._backend.release, uuid, ref.uid, quiet=True)
+                with times.step("hardware"):
+                    left = await self._destroy_dynamic(ref, known)
+                if left:
+                    await self._set_claim(replace_devices(known, left, ClaimState.UNPREPARING), ref.uid, times)
+                    raise ClaimError(
+                        f"ResourceClaim {ref}: could not destroy MIG instance(s) "
+                        f"{', '.join(d.device for d in left)} yet (processes still run on them); "
+                        "the kubelet retries"
+                    )
+                await self._set_claim(None, ref.uid, times)
+                self._submit_status(ref, [])
+                outcome = "unprepared"
+                self._log.info("claim unprepared", claim=str(ref), uid=ref.uid)
+        finally:
+            self.metrics.record("unprepare", times, str(ref), outcome)
 
     async def _destroy_dynamic(self, ref: ClaimRef, claim: PreparedClaim) -> tuple[PreparedDevice, ...]:
         """Destroy the claim's dynamic instances; returns the devices whose instance remains."""

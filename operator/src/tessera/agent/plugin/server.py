@@ -31,6 +31,7 @@ import structlog
 
 from tessera import DRIVER_NAME
 from tessera.agent.health import HealthTracker
+from tessera.agent.metrics import MetricsRegistry
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.checkpoint import PreparedClaim
 from tessera.agent.plugin.claims import (
@@ -50,6 +51,7 @@ from tessera.agent.plugin.proto import (
     dra_v1beta1_pb2,
     pluginregistration_v1_pb2,
 )
+from tessera.agent.plugin.steps import PluginMetrics
 from tessera.kube.http import KubeClient
 
 log = structlog.get_logger("tessera.agent.plugin")
@@ -130,6 +132,7 @@ class KubeletPlugin:
         health: HealthTracker | None = None,
         status_writer: ClaimStatusWriter | None = None,
         observe: ObserveClaim | None = None,
+        registry: MetricsRegistry | None = None,
     ) -> None:
         self.config = config
         self.on_change = on_change  # e.g. the agent's request_resync: its status follows at once
@@ -148,6 +151,7 @@ class KubeletPlugin:
                 dev_root=config.dev_root,
             ),
             status_writer,
+            PluginMetrics(registry),
         )
         self.registration = RegistrationState()
         self._dra_server: Any = None
@@ -235,6 +239,7 @@ class KubeletPlugin:
                 await server.stop(self.config.stop_grace_s)
             _remove_socket(socket)
         self._registration_server = self._dra_server = None
+        await self.preparer.close(self.config.stop_grace_s)
         self._log.info("kubelet plugin stopped")
 
     async def __aenter__(self) -> Self:
@@ -379,13 +384,14 @@ async def serve_plugin(
     on_change: Callable[[], None] | None = None,
     health: HealthTracker | None = None,
     observe: ObserveClaim | None = None,
+    registry: MetricsRegistry | None = None,
 ) -> None:
     """Run the kubelet plugin until ``stop`` is set (or the task is cancelled).
 
     ``started`` gets the running plugin, e.g. to let the reconciler ask
-    ``plugin.in_use_device_uuids()``."""
+    ``plugin.in_use_device_uuids()``; ``registry`` is the agent's, for the plugin's metrics."""
     writer = KubeClaimStatusWriter(api, status_field_manager(config))
-    plugin = KubeletPlugin(config, backend, KubeClaimReader(api), on_change, health, writer, observe)
+    plugin = KubeletPlugin(config, backend, KubeClaimReader(api), on_change, health, writer, observe, registry)
     async with plugin:
         if started is not None:
             started(plugin)
