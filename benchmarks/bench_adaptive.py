@@ -20,11 +20,9 @@ MPS share (``shared-gpu.tessera.dev``) of ceil(gpu_milli / 10) percent compute. 
 Strategies: ``static-exclusive``, ``static-mig`` (all-balanced: 2 x 1g, 2g, 3g), ``static-mps``
 (every GPU MPS); ``first-fit`` (Adaptive menu; each pass, for each waiting claim in turn, the
 first recuttable GPU and the first menu layout that fits it); ``tessera`` (the same menu,
-``tessera.adaptive.choose.plan_recuts``, then ``warm_spares``: free idle GPUs cut ahead of
-demand, sized to the recent claims past their debounce). Both adaptive ones return free GPUs to
-the idle layout after the cooldown (``back_to_idle``), respect the cap (``maxRecuts``), wait
-``pendingAfter`` before a claim counts, treat a GPU never recut as past its cooldown (as the
-operator does), and a recut GPU publishes nothing for ``--recut-seconds``
+``tessera.adaptive.choose.plan_recuts``). Both adaptive ones return free GPUs to the idle
+layout after the cooldown (``back_to_idle``), respect the cap (``maxRecuts``), wait
+``pendingAfter`` before a claim counts, and a recut GPU publishes nothing for ``--recut-seconds``
 (20 s by default: real MIG changes take seconds per instance; ``bench_adaptive_e2e.py`` measures
 the whole path on a real node with simulated GPUs).
 The scheduler is first fit: nodes by name, devices in publication order, claims oldest first,
@@ -58,7 +56,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts, warm_spares
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, Slot, claim_demand, class_selectors, fit
 from tessera.adaptive.layouts import slots_of
 from tessera.dra.deviceclasses import device_classes
@@ -148,7 +146,7 @@ class Gpu:
     node: str
     status: GpuStatus
     layout: str
-    since: float = -math.inf  # when its layout was chosen (never: past any cooldown, as the operator counts it)
+    since: float = 0.0  # when its layout was chosen
     slots: list[Slot] = field(default_factory=list)
     recutting: bool = False
 
@@ -261,8 +259,7 @@ class Simulation:
             for g in self.gpus[node]:
                 under_way += g.recutting
                 cooled = self.now - g.since >= self.cooldown
-                out.append(AdaptiveGpu(node, g.status, self.policy, g.layout, g.free() and cooled,
-                                       free=g.recutting or g.free()))
+                out.append(AdaptiveGpu(node, g.status, self.policy, g.layout, g.free() and cooled))
         return out, under_way
 
     def operator_pass(self) -> None:
@@ -279,14 +276,8 @@ class Simulation:
         # Tessera keeps free GPUs that recent claims could use as warm spares (see back_to_idle);
         # the first-fit baseline returns every free GPU to the idle layout after its cooldown.
         spares = (self.recent, CLASSES, self.menus) if self.strategy == "tessera" else ((), None, None)
-        returning = back_to_idle(gpus, plan, *spares)
         changes += [(g.gpu.uuid, self.policy.spec.adaptive.idle)  # type: ignore[union-attr]
-                    for g in returning]
-        if self.strategy == "tessera":  # and cuts idle GPUs ahead of demand like the recent claims'
-            settled = [c for c in self.recent if c.key not in self.pending
-                       or self.now - self.pending[c.key][1] >= self.debounce]  # as the operator: debounce first
-            changes += [(r.gpu, r.layout) for r in warm_spares(gpus, plan, returning, settled, CLASSES, left,
-                                                               self.menus)]
+                    for g in back_to_idle(gpus, plan, *spares)]
         for uuid, layout in changes:
             gpu = by_uuid[uuid]
             gpu.recutting, gpu.layout, gpu.since = True, layout, self.now

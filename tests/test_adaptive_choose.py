@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_recuts, warm_spares
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors, fit, slot_of
 from tessera.adaptive.layouts import menu_devices, slots_of
 from tessera.dra.deviceclasses import device_classes
@@ -291,51 +291,3 @@ def test_a_thousand_waiting_claims_recut_no_more_than_the_cap() -> None:
     assert len(plan.recuts) == 4
     assert len(plan.placed) + len(plan.waiting) == 1000
     assert len(plan.placed) == sum(len(r.claims) for r in plan.recuts)  # each placed claim on a recut GPU
-
-
-def _no_plan(gpus: list[AdaptiveGpu], cap: int = 8) -> Any:
-    return plan_recuts([], gpus, CLASSES, {"adaptive": cap})
-
-
-def test_warm_spares_cut_idle_gpus_to_the_layout_recent_claims_fit_sized_to_them() -> None:
-    pol = policy(max_recuts=8)
-    gpus = adaptive_gpus(8, pol=pol)
-    recent = [demand(f"r{i}", MIG_3G) for i in range(3)]  # two 3g claims per "halves" GPU: 2 GPUs
-    spares = warm_spares(gpus, _no_plan(gpus), [], recent, CLASSES, {"adaptive": 8})
-    assert [(r.index, r.layout) for r in spares] == [(6, "halves"), (7, "halves")]
-    assert all(r.claims == () for r in spares)
-
-
-def test_warm_spares_leave_as_many_free_gpus_on_the_idle_layout_as_there_are_spares() -> None:
-    pol = policy(max_recuts=8)
-    gpus = adaptive_gpus(3, pol=pol)
-    recent = [demand(f"r{i}", MIG_3G) for i in range(10)]  # would take 5 GPUs
-    spares = warm_spares(gpus, _no_plan(gpus), [], recent, CLASSES, {"adaptive": 8})
-    assert len(spares) == 1, "3 free: one spare, two stay whole"
-
-
-def test_no_warm_spare_without_partition_demand_or_with_one_already_free() -> None:
-    pol = policy(max_recuts=8)
-    gpus = adaptive_gpus(4, pol=pol)
-    assert warm_spares(gpus, _no_plan(gpus), [], [demand("w", WHOLE)], CLASSES, {"adaptive": 8}) == ()
-    assert warm_spares(gpus, _no_plan(gpus), [], [], CLASSES, {"adaptive": 8}) == ()
-    # A free halves GPU inside its cooldown (not recuttable) is a spare already.
-    cooling = AdaptiveGpu("node-a", gpu(0), pol, "halves", False, free=True)
-    held = AdaptiveGpu("node-a", gpu(0), pol, "halves", False, free=False)
-    recent = [demand("r", MIG_3G)]
-    assert warm_spares([cooling, *gpus[1:]], _no_plan(gpus), [], recent, CLASSES, {"adaptive": 8}) == ()
-    assert len(warm_spares([held, *gpus[1:]], _no_plan(gpus), [], recent, CLASSES, {"adaptive": 8})) == 1
-
-
-def test_warm_spares_keep_to_the_cap_left_after_the_plan_and_never_touch_planned_or_busy_gpus() -> None:
-    pol = policy(max_recuts=2)
-    gpus = [*adaptive_gpus(6, pol=pol)[:4], *adaptive_gpus(6, recuttable=False, pol=pol)[4:]]
-    waiting = [demand("w0", MIG_1G)]
-    plan = plan_recuts(waiting, gpus, CLASSES, {"adaptive": 2})
-    assert len(plan.recuts) == 1
-    recent = [demand(f"r{i}", MIG_3G) for i in range(8)]
-    spares = warm_spares(gpus, plan, [], recent, CLASSES, {"adaptive": 2})
-    assert len(spares) == 1, "the cap of 2 less the plan's one recut"
-    assert {r.gpu for r in spares}.isdisjoint({r.gpu for r in plan.recuts})
-    assert all(r.index < 4 for r in spares), "only recuttable GPUs"
-    assert warm_spares(gpus, plan, [], recent, CLASSES, {"adaptive": 1}) == ()

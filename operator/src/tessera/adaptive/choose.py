@@ -26,12 +26,6 @@ free part of a shared device's limiting capacity) counts when no claim shape in 
 (the claims pending now and lately) fits on that device alone. A GPU cut to 1g slices when
 only 3g claims come scores high; one cut exactly as the demand asks scores 0.
 
-**Warm spares** (:func:`warm_spares`): after the plan and the return to idle, free idle-layout
-GPUs may be cut ahead of demand to the menu layout the recent claims that the idle layout
-cannot serve fit best, as many as those claims would fill, within the cap and never leaving
-fewer free GPUs on the idle layout than spares; so the next such claim is placed at once
-instead of waiting the debounce, a pass and a recut while whole GPUs stand idle.
-
 Never touches a GPU the caller does not mark recuttable (any device held, anything in use,
 inside its cooldown, or a recut under way): the controller decides that from the claims.
 Not for: I/O, timers or writing layouts (``tessera.controller.demand`` does those).
@@ -63,11 +57,6 @@ class AdaptiveGpu:
     policy: SharingPolicy
     current: str | None  # the menu layout in force now (None: none of the menu yet)
     recuttable: bool  # nothing held or in use, cooldown over, no recut under way
-    free: bool | None = None  # nothing held or in use, whatever its cooldown (None: as recuttable)
-
-    @property
-    def unused(self) -> bool:
-        return self.recuttable if self.free is None else self.free
 
 
 @dataclass(frozen=True)
@@ -379,90 +368,3 @@ def back_to_idle(
                 continue
         out.append(g)
     return out
-
-
-SPARE_REASON = "warm spare for recent claims"
-
-
-def warm_spares(
-    gpus: Sequence[AdaptiveGpu],
-    plan: RecutPlan,
-    returning: Sequence[AdaptiveGpu],
-    recent: Sequence[ClaimDemand],
-    classes: ClassSelectors,
-    recuts_left: Mapping[str, int],
-    menus: MenuCache | None = None,
-) -> tuple[Recut, ...]:
-    """Idle-layout GPUs to cut ahead of demand, so the next claim like the recent ones is placed
-    at once instead of waiting the debounce, a pass and a recut with whole GPUs idle meanwhile.
-
-    Per policy: the recent claims that no device of the idle layout fits (``partition demand``)
-    are packed, in order, onto fresh GPUs of the menu layout that fits most of them (ties: menu
-    order); the number of GPUs that takes is how many spares the policy keeps. Spares it has
-    already — free GPUs (``AdaptiveGpu.free``, cooldown or not) on another menu layout that one
-    of those claims fits, recuts this plan makes — count against it. New spares come from
-    recuttable idle-layout GPUs that ``plan`` and ``returning`` leave alone, last ones first,
-    within the policy's ``recuts_left`` after ``plan``, and never so many that fewer free GPUs
-    stay on the idle layout than are spares (the rule of :func:`back_to_idle`): large requests
-    still find idle-layout GPUs. Without partition demand nothing is cut."""
-    menus = menus or MenuCache()
-    touched = {r.gpu for r in plan.recuts} | {g.gpu.uuid for g in returning}
-    left = dict(recuts_left)
-    for r in plan.recuts:
-        left[r.policy] = left.get(r.policy, 0) - 1
-    by_policy: dict[str, list[AdaptiveGpu]] = defaultdict(list)
-    for g in sorted(gpus, key=lambda g: (g.node, g.gpu.index)):
-        if g.policy.spec.adaptive is not None:
-            by_policy[g.policy.name].append(g)
-    out: list[Recut] = []
-    for name, members in sorted(by_policy.items()):
-        adaptive = members[0].policy.spec.adaptive
-        assert adaptive is not None
-        options = menus.options(members[0].policy, members[0].gpu)
-        idle_option = next((o for o in options if o.layout_name == adaptive.idle), None)
-        if idle_option is None:
-            continue
-        wanted = [c for c in recent if fit(c, slots_of(idle_option.devices), classes) is None]
-        if not wanted:
-            continue
-        spare_options = [o for o in options if o.layout_name != adaptive.idle]
-        best = max(
-            spare_options,
-            key=lambda o: (sum(fit(c, slots_of(o.devices), classes) is not None for c in wanted),
-                           -spare_options.index(o)),
-            default=None,
-        )
-        if best is None:
-            continue
-        need = _gpus_to_host(wanted, best, classes)
-        shapes = list({c.shape: c for c in wanted}.values())
-
-        def serves(g: AdaptiveGpu, shapes: list[ClaimDemand] = shapes) -> bool:
-            option = next((o for o in menus.options(g.policy, g.gpu) if o.layout_name == g.current), None)
-            return option is not None and any(fit(c, slots_of(option.devices), classes) is not None for c in shapes)
-
-        have = sum(1 for g in members if g.unused and g.current != adaptive.idle and g.gpu.uuid not in touched
-                   and serves(g))
-        have += sum(1 for r in plan.recuts if r.policy == name and r.layout != adaptive.idle)
-        idle_free = [g for g in members if g.recuttable and g.current == adaptive.idle and g.gpu.uuid not in touched]
-        room = (len(idle_free) - have) // 2  # after it: as many free on the idle layout as spares
-        count = min(need - have, left.get(name, 0), room)
-        for g in idle_free[::-1][:max(0, count)]:
-            out.append(Recut(g.node, g.gpu.uuid, g.gpu.index, name, best.layout_name, ()))
-    return tuple(sorted(out, key=lambda r: (r.node, r.index)))
-
-
-def _gpus_to_host(claims: Sequence[ClaimDemand], option: MenuOption, classes: ClassSelectors) -> int:
-    """How many GPUs cut to ``option`` the ``claims`` take, placed in order, each on the GPUs
-    opened so far or a fresh one (claims that fit no fresh GPU alone are left out)."""
-    slots: list[Slot] = []
-    gpus = 0
-    for claim in claims:
-        if fit(claim, slots, classes, consume=True) is not None:
-            continue
-        fresh = slots_of(option.devices)
-        if fit(claim, fresh, classes, consume=True) is None:
-            continue
-        slots.extend(fresh)
-        gpus += 1
-    return gpus

@@ -14,9 +14,7 @@ room (``tessera.adaptive.choose.plan_recuts``) what to recut. A recut is only a 
 as for any layout change (taint, grace, a fresh claim list, then the spec) and the agent's
 claim guard checks again, unchanged. GPUs whose devices are all free go back to the idle
 layout once their cooldown has passed, unless the pass has just planned them for a claim, so
-alternating demand recuts a GPU at most once per cooldown. Free idle-layout GPUs may be cut
-ahead of demand as warm spares sized to the recent claims (``tessera.adaptive.choose.warm_spares``),
-so the next such claim is placed without waiting for a recut. The moment of each choice is kept in
+alternating demand recuts a GPU at most once per cooldown. The moment of each choice is kept in
 the policy status (``adaptive[].since``), so a restarted operator counts the cooldown from it
 rather than from its own start.
 
@@ -40,15 +38,7 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from tessera.adaptive.choose import (
-    SPARE_REASON,
-    AdaptiveGpu,
-    MenuCache,
-    RecutPlan,
-    back_to_idle,
-    plan_recuts,
-    warm_spares,
-)
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors
 from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
@@ -182,7 +172,6 @@ class AdaptiveDemand:
         self.recent: list[ClaimDemand] = []
         self.menus = MenuCache()
         self.last_plan: RecutPlan | None = None
-        self._recuts_left: dict[str, int] = {}  # per policy, as the last choose() found it
         self._task: asyncio.Task[None] | None = None
 
     # -- events ----------------------------------------------------------------------------
@@ -283,8 +272,7 @@ class AdaptiveDemand:
                     _gpu_index(device) == gpu.index for device in held
                 )
                 cooled = now - choice.since >= policy.spec.adaptive.cooldown_seconds
-                out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled,
-                                       free=not busy))
+                out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
         return out, under_way
 
     def _remembered(self, policy: SharingPolicy, gpu: str, layout: str, now: float) -> _Choice:
@@ -319,10 +307,9 @@ class AdaptiveDemand:
         if not policies:
             return None
         gpus, under_way = self.adaptive_gpus(policies)
-        self._recuts_left = {n: max(0, p.spec.adaptive.max_recuts - under_way.get(n, 0))
-                             for n, p in policies.items() if p.spec.adaptive}
-        plan = plan_recuts(pending, gpus, self.classes, self._recuts_left, recent=self.recent, menus=self.menus)
-        return plan, gpus
+        left = {n: max(0, p.spec.adaptive.max_recuts - under_way.get(n, 0))
+                for n, p in policies.items() if p.spec.adaptive}
+        return plan_recuts(pending, gpus, self.classes, left, recent=self.recent, menus=self.menus), gpus
 
     async def run_pass(self) -> RecutPlan | None:
         chosen = self.choose()
@@ -352,8 +339,7 @@ class AdaptiveDemand:
                 self.warned.add(uid)
                 log.warning("no adaptive layout can satisfy a claim", claim=never.claim, why=never.message)
                 await self._tell(never.claim, "Warning", "NoAdaptiveLayoutFits", never.message)
-        returning = back_to_idle(gpus, plan, self.recent, self.classes, self.menus)
-        for gpu in returning:
+        for gpu in back_to_idle(gpus, plan, self.recent, self.classes, self.menus):
             assert gpu.policy.spec.adaptive is not None
             idle = gpu.policy.spec.adaptive.idle
             self.choices[gpu.gpu.uuid] = _Choice(idle, "idle default", now, stamp)
@@ -361,16 +347,6 @@ class AdaptiveDemand:
             touched.add(gpu.node)
             RECUTS.labels("idle").inc()
             log.info("returning a free GPU to its idle layout", node=gpu.node, gpu=gpu.gpu.index, layout=idle)
-        # Claims still inside the debounce do not size spares: they may be placed without a recut.
-        pending = {c.key for c in self.pending(self.adaptive_policies())}
-        settled = [c for c in self.recent if c.key not in self.claims or c.key in pending]
-        for spare in warm_spares(gpus, plan, returning, settled, self.classes, self._recuts_left, self.menus):
-            self.choices[spare.gpu] = _Choice(spare.layout, SPARE_REASON, now, stamp)
-            self.controller.fleet.adaptive_choices[spare.gpu] = spare.layout
-            touched.add(spare.node)
-            RECUTS.labels("spare").inc()
-            log.info("cutting an idle GPU ahead of demand like the recent claims'", node=spare.node, gpu=spare.index,
-                     layout=spare.layout, policy=spare.policy)
         if touched:
             self.controller.enqueue(*sorted(touched))
         return plan
