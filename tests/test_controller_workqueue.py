@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from tessera.controller.workqueue import RETRY_CAP, WorkQueue, failure_backoff
-from tessera.kube.http import ApiError
+from tessera.controller.workqueue import WorkQueue, failure_backoff
+from tessera.kube.http import RETRY_BACKOFF, ApiError
 from tests.conditions import until
 
 
@@ -106,9 +106,9 @@ async def test_a_failed_reconcile_is_tried_again_after_a_backoff_and_a_success_r
     assert delays == [failure_backoff(1), failure_backoff(1)], "the success between reset the count"
 
 
-def test_backoff_doubles_from_half_a_second_and_stops_at_the_cap() -> None:
-    assert [failure_backoff(n) for n in range(1, 5)] == [0.5, 1.0, 2.0, 4.0]
-    assert failure_backoff(30) == RETRY_CAP
+def test_backoff_is_tesseras_one_retry_schedule() -> None:
+    assert [failure_backoff(n) for n in range(1, 5)] == list(RETRY_BACKOFF) == [1.0, 2.0, 5.0, 10.0]
+    assert failure_backoff(30) == RETRY_BACKOFF[-1]
 
 
 async def test_later_keeps_the_earliest_of_several_requests() -> None:
@@ -147,3 +147,34 @@ def test_an_empty_fleet_is_swept_at_once() -> None:
     queue = WorkQueue(Recorder(), workers=1)
     queue.sweep([])
     assert queue.swept.is_set()
+
+
+async def test_a_gated_queue_reconciles_only_while_leading_and_a_refused_write_is_no_failure() -> None:
+    from tessera.kube.fence import NotLeading
+
+    leading = asyncio.Event()
+    calls: list[str] = []
+    refuse = True
+
+    async def reconcile(node: str) -> None:
+        calls.append(node)
+        if refuse:
+            raise NotLeading("fence shut")
+
+    queue = WorkQueue(reconcile, workers=2, gate=leading)
+    queue.start()
+    try:
+        queue.enqueue("node-a")
+        await asyncio.sleep(0.05)
+        assert calls == [], "a standby takes no work"
+        leading.set()
+        await until(lambda: calls == ["node-a"], "the leader's first try")
+        leading.clear()  # the elector noticed the lost lease
+        assert queue._failures == {}, "a refused write is not a failure"
+        await asyncio.sleep(1.2)  # the node came back after NOT_LEADING_RETRY and waits for the next term
+        assert calls == ["node-a"]
+        refuse = False
+        leading.set()
+        await until(lambda: calls == ["node-a", "node-a"], "the next term's try")
+    finally:
+        await queue.stop()

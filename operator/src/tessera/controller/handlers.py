@@ -1,18 +1,18 @@
 """Kopf handlers: thin adapters from watch events to the :class:`Controller`.
 
-SharingPolicies get Kopf create/update/resume/delete handlers (Kopf keeps its small bookkeeping
-in ``tessera.dev/`` annotations, never in our structural status); ResourceClaims a plain Kopf
-event handler, which stores nothing on them (claims are not ours to annotate). The high-volume
+SharingPolicies and ResourceClaims get plain Kopf event handlers, which store nothing on the
+objects: Kopf writes nothing at all (no finalizers, annotations or events), so that every write
+goes through the fenced client of the replica that holds the lease
+(``tessera.controller.leadership`` says how the two replicas, Kopf and the fence combine). The high-volume
 kinds — Nodes, NodeLayouts (large) and our ResourceSlices — skip Kopf: the Controller's own
 ``tessera.kube.watch`` loops hand each event on as the API sent it, with no per-event deep
-copy or per-object bookkeeping. The startup handler holds the settings and starts the
-Controller; cleanup stops it.
+copy or per-object bookkeeping. The startup handler holds the settings, starts the Controller
+(warm, as a standby) and the leader election; cleanup hands the lease over and stops both.
 Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -20,9 +20,11 @@ from typing import Any
 import kopf
 
 from tessera import API_GROUP
+from tessera.controller.leadership import Leadership, LeaseSettings
 from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
-from tessera.kube.http import KubeClient
+from tessera.kube.http import RETRY_BACKOFF
+from tessera.kube.lease import LeaseTiming
 from tessera.kube.objects import CLAIMS, POLICIES, Api
 
 registry = kopf.OperatorRegistry()
@@ -33,11 +35,38 @@ def _controller(memo: Any) -> Controller:
     return controller
 
 
+def _leadership(memo: Any) -> Leadership:
+    """This replica's lease elector and fenced client, made once (Kopf may ask for its login
+    before or after startup): Kopf's login and the Controller share the client's credentials."""
+    if getattr(memo, "leadership", None) is None:
+        env = os.environ.get
+        defaults = LeaseTiming()
+        timing = LeaseTiming(float(env("TESSERA_LEASE_DURATION", str(defaults.lease_duration))),
+                             float(env("TESSERA_RENEW_DEADLINE", str(defaults.renew_deadline))),
+                             float(env("TESSERA_RETRY_PERIOD", str(defaults.retry_period))))
+        memo.leadership = Leadership(LeaseSettings(env("TESSERA_LEASE_NAMESPACE", "tessera-system"),
+                                                   env("TESSERA_LEASE_NAME", "tessera-operator"),
+                                                   env("TESSERA_LEADER_IDENTITY", ""), timing,
+                                                   env("TESSERA_FAULT_WRITE_LOG", "")), env("KUBECONFIG"))
+    leadership: Leadership = memo.leadership
+    return leadership
+
+
 @kopf.on.login(registry=registry)
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    if os.environ.get("KUBECONFIG"):
-        return kopf.login_with_kubeconfig(**kwargs)
-    return kopf.login_with_service_account(**kwargs)
+async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """Kopf connects with the credentials Tessera's client has (one kubeconfig path, one
+    parser, exec plugins included). Kopf asks again when its token expired or was refused, so
+    the token is fetched afresh: the exec plugin runs again, a token file is read again."""
+    client = _leadership(memo).client
+    await client.refresh_credentials(force=True)
+    token = await client.bearer_token()
+    c = client.credentials
+    return kopf.ConnectionInfo(
+        server=c.server, ca_path=c.ca_file, ca_data=c.ca_data, insecure=c.insecure or None,
+        certificate_path=c.cert_file, private_key_path=c.key_file,
+        certificate_data=c.cert_data, private_key_data=c.key_data,
+        token=token, expiration=client.token_expires_at,
+    )
 
 
 @kopf.on.startup(registry=registry)
@@ -46,48 +75,52 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=API_GROUP, key="last-handled-configuration"
     )
-    settings.persistence.finalizer = f"{API_GROUP}/operator"
-    settings.posting.level = logging.WARNING  # our own events say what matters
-    settings.peering.standalone = True  # one active replica (Deployment strategy Recreate)
+    # Event handlers need no finalizer; Kopf removes its own from objects that no handler needs it
+    # on, so it is given one that no object carries (the older f"{API_GROUP}/operator" is lifted
+    # by the leader: Controller.policy_seen).
+    settings.persistence.finalizer = f"{API_GROUP}/kopf-never-set"
+    settings.posting.enabled = False  # our own events say what matters, and only the leader posts them
+    settings.posting.level = logging.WARNING
+    settings.peering.standalone = True  # Kopf's peering is not leader election: the Lease decides
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.networking.error_backoffs = [1, 2, 5, 10]
-    client = KubeClient.from_environment(os.environ.get("KUBECONFIG"))
-    memo.client = client
+    settings.networking.error_backoffs = list(RETRY_BACKOFF)  # Tessera's one retry schedule
+    leadership = _leadership(memo)
+    ready_port = int(os.environ.get("TESSERA_READY_PORT", "0"))
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
-    # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
-    memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))
     workers = int(os.environ.get("TESSERA_WORKERS", DEFAULT_WORKERS))
-    controller = Controller(Api(client), workers=workers, handover_grace=grace)
+    controller = Controller(Api(leadership.client), workers=workers, handover_grace=grace, leading=False)
     memo.controller = controller
+    leadership.start(controller)
+    if ready_port:
+        await leadership.serve_readiness(ready_port)
     await controller.start()
-    memo.nics = NicPublisher(Api(client))  # the NIC family's room: tessera.controller.nics
+    memo.nics = NicPublisher(Api(leadership.client))  # the NIC family's room: tessera.controller.nics
     await memo.nics.start()
 
 
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: Any, **_: Any) -> None:
+    if getattr(memo, "leadership", None) is not None:
+        memo.leadership.fence.shut()  # nothing more from this replica, then the lease goes
     if getattr(memo, "nics", None) is not None:
         await memo.nics.stop()
     if getattr(memo, "controller", None) is not None:
         await _controller(memo).stop()
-    if getattr(memo, "client", None) is not None:
-        await memo.client.close()
+    if getattr(memo, "leadership", None) is not None:
+        await memo.leadership.stop()
 
 
 # -- SharingPolicies ---------------------------------------------------------------------
 
 
-@kopf.on.resume(*POLICIES, registry=registry)
-@kopf.on.create(*POLICIES, registry=registry)
-@kopf.on.update(*POLICIES, registry=registry)
-async def policy_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
-    _controller(memo).policy_seen(dict(body))
-
-
-@kopf.on.delete(*POLICIES, registry=registry)
-async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
-    _controller(memo).policy_deleted(name)
+@kopf.on.event(*POLICIES, registry=registry)
+async def policy_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    body = event["object"]
+    if event["type"] == "DELETED":
+        _controller(memo).policy_deleted(str(body["metadata"]["name"]))
+    else:
+        _controller(memo).policy_seen(body)
 
 
 # -- ResourceClaims ------------------------------------------------------------------------
@@ -95,6 +128,4 @@ async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
 
 @kopf.on.event(*CLAIMS, registry=registry)
 async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    if memo.claim_watch_delay:  # fault injection: a watch that lags behind the scheduler
-        await asyncio.sleep(memo.claim_watch_delay)
     _controller(memo).claim_seen(str(event["type"]), event["object"])
