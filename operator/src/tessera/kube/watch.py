@@ -144,8 +144,12 @@ class ListWatch:
             meta = page.get("metadata") or {}
             version = version or str(meta.get("resourceVersion") or "")
             kind = str(page.get("kind") or "").removesuffix("List")
-            # Passed on page by page: a large first list is never held whole.
-            for item in page.pop("items", None) or []:
+            # Passed on page by page, each item let go once passed on: a large first list is never
+            # held whole, and a page only until it has been passed on.
+            items: list[dict[str, Any]] = page.pop("items", None) or []
+            items.reverse()
+            while items:
+                item = items.pop()
                 item.setdefault("apiVersion", self.api_version)  # list items do not say what they are
                 item.setdefault("kind", kind)
                 key = _key(item)
