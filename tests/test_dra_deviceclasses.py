@@ -16,19 +16,21 @@ def _expressions() -> dict[str, str]:
     return {c["metadata"]["name"]: c["spec"]["selectors"][0]["cel"]["expression"] for c in device_classes()}
 
 
-def test_the_install_ships_the_five_classes_of_the_design() -> None:
+def test_the_install_ships_the_five_gpu_classes_of_the_design_and_one_for_shared_nics() -> None:
     assert sorted(_expressions()) == [
         "gpu.tessera.dev",
         "high-memory-gpu",
         "mig.tessera.dev",
         "shared-gpu.tessera.dev",
+        "shared-nic.tessera.dev",
         "whole-gpu.tessera.dev",
     ]
 
 
 def test_every_selector_checks_the_driver_before_reading_attributes() -> None:
     for name, cel in _expressions().items():
-        assert cel.startswith('device.driver == "gpu.tessera.dev"'), name
+        driver = "nic.tessera.dev" if name == "shared-nic.tessera.dev" else "gpu.tessera.dev"
+        assert cel.startswith(f'device.driver == "{driver}"'), name
 
 
 def test_type_classes_select_on_the_published_type_attribute() -> None:
@@ -59,6 +61,7 @@ def test_whole_gpu_class_alone_serves_the_nvidia_gpu_extended_resource() -> None
         "high-memory-gpu": None,
         "mig.tessera.dev": None,
         "shared-gpu.tessera.dev": None,
+        "shared-nic.tessera.dev": None,
         "whole-gpu.tessera.dev": "nvidia.com/gpu",
     }
 

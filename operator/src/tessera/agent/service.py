@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ from tessera.kube.claims import list_resource_claims
 from tessera.kube.http import ApiError, KubeClient, retry_delay
 from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
+from tessera.models.nics import NicStatus
 
 AGENT_VERSION = "0.1.0"
 log = structlog.get_logger(__name__)
@@ -146,6 +148,8 @@ class NodeAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status: NodeLayoutStatus | None = None
         self._last_write = 0.0
+        # The NIC family's inventory (tessera.agent.nics), reported beside the GPUs; None: no NICs.
+        self.nic_inventory: Callable[[], Sequence[NicStatus]] | None = None
         self._last_pass_done: float | None = None
         self.http_port: int | None = None  # the bound port, once serving
         self.passes = 0
@@ -264,6 +268,8 @@ class NodeAgent:
                 observed_generation=generation,
                 previous=previous,
             )
+            if self.nic_inventory is not None:
+                status = status.model_copy(update={"nics": list(self.nic_inventory())})
             heartbeat_due = time.monotonic() - self._last_write >= self.config.resync_seconds
             if previous != status or heartbeat_due:
                 await write_node_layout_status(self.api, self.config.node_name, status.to_kube())

@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("tessera.cli.agent", "run the node agent: GPUs into the layout of this node's NodeLayout"),
     "demo": ("tessera.cli.demo", "run Tessera on a local control plane with simulated GPU nodes"),
     "status": ("tessera.cli.status", "per node and GPU: the layout, the published devices and the claims holding them"),
+    "nic-attach": ("tessera.cli.nicattach", "CDI createRuntime hook: put a claim's NIC shares into the Pod's netns"),
 }
 
 # name -> third-party modules made unimportable before that subcommand's module is imported, so

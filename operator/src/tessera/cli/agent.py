@@ -12,20 +12,29 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 import structlog
 
 from tessera import DRIVER_NAME
 from tessera.agent.backends.base import BackendError, DeviceBackend
+from tessera.agent.backends.simstate import parse_simulate_spec
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.health import HealthTracker
+from tessera.agent.nics.simulated import simulated_nics
+from tessera.agent.nics.spec import nic_items
+from tessera.agent.nics.sysfs import discover_nics
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginConfig, serve_plugin
 from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.kube.http import KubeClient
 from tessera.log import configure_logging
+from tessera.models.nics import LinkState, NicStatus
+
+if TYPE_CHECKING:
+    from tessera.agent.nics.plugin import NicKubeletPlugin
 
 log = structlog.get_logger(__name__)
 
@@ -122,11 +131,63 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         help="the plugin's socket and checkpoint folder (TESSERA_KUBELET_PLUGIN_DIR)",
     )
     parser.add_argument(
+        "--nic-interfaces",
+        default=_env("NIC_INTERFACES", ""),
+        help="virtual interfaces to report as NICs besides the PCI ones, e.g. a veth standing in for an uplink "
+        "(TESSERA_NIC_INTERFACES, comma-separated)",
+    )
+    parser.add_argument(
+        "--nic-attach-executable",
+        default=_env("NIC_ATTACH_EXECUTABLE", "/usr/local/bin/tessera"),
+        help="the host path of the tessera command that CDI runs to attach NIC shares (TESSERA_NIC_ATTACH_EXECUTABLE)",
+    )
+    parser.add_argument(
         "--cdi-dir",
         type=Path,
         default=Path(_env("CDI_DIR", str(DEFAULT_CDI_DIR))),
         help="where CDI specs are written (TESSERA_CDI_DIR)",
     )
+
+
+def make_nic_inventory(args: argparse.Namespace) -> Callable[[], Sequence[NicStatus]] | None:
+    """The NICs this agent reports: the simulated ones its ``--simulate`` spec names (none: no
+    NIC family), or on real hardware every PCI NIC in sysfs plus ``--nic-interfaces``; a NIC that
+    goes away is still reported, ``Absent``, with what was last known of it."""
+    if args.simulate or args.backend == "simulated":
+        if not nic_items(args.simulate or ""):
+            return None
+        gpu_count = len(parse_simulate_spec(args.simulate))
+        return lambda: simulated_nics(args.node_name, args.simulate, gpu_count)
+    named = [n.strip() for n in (args.nic_interfaces or "").split(",") if n.strip()]
+    last_known: dict[str, NicStatus] = {}
+
+    def discover() -> Sequence[NicStatus]:
+        nics = discover_nics(Path("/sys"), named, last_known)
+        last_known.update({n.interface: n for n in nics if n.link is not LinkState.ABSENT})
+        return nics
+
+    return discover
+
+
+def make_nic_plugin(
+    args: argparse.Namespace, api: KubeClient, nics: Callable[[], Sequence[NicStatus]]
+) -> NicKubeletPlugin:
+    """The NIC family's kubelet plugin, its folder beside the GPU plugin's."""
+    from tessera.agent.nics.family import NicFamily
+    from tessera.agent.nics.plugin import KubeSliceReader, NicKubeletPlugin, NicPluginConfig
+    from tessera.agent.nics.shaping import UplinkShaper
+    from tessera.agent.plugin.claims import KubeClaimReader
+    from tessera.dra.nics import NIC_DRIVER
+
+    config = NicPluginConfig(
+        node_name=args.node_name,
+        registry_dir=args.kubelet_registry_dir,
+        plugin_dir=args.kubelet_plugin_dir.parent / NIC_DRIVER,
+        cdi_dir=args.cdi_dir,
+        hook_executable=args.nic_attach_executable,
+    )
+    family = NicFamily(config.checkpoint, UplinkShaper())
+    return NicKubeletPlugin(config, family, KubeClaimReader(api), nics, slices=KubeSliceReader(api))
 
 
 def make_backend(args: argparse.Namespace) -> DeviceBackend:
@@ -153,10 +214,12 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClie
         health_recovery_seconds=args.health_recovery_seconds,
     )
     agent = NodeAgent(config, backend, api, HealthTracker(config.health_recovery_seconds))
+    agent.nic_inventory = make_nic_inventory(args)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
     plugin_task: asyncio.Task[None] | None = None
+    nic_plugin: NicKubeletPlugin | None = None
     try:
         if args.kubelet_plugin:
             # The plugin starts first: it re-declares the holds of claims it prepared before a
@@ -182,9 +245,14 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClie
             )
             if plugin_task in done:
                 plugin_task.result()  # it failed to start: raise why
+            if agent.nic_inventory is not None:  # the NIC family's plugin, driver nic.tessera.dev
+                nic_plugin = make_nic_plugin(args, api, agent.nic_inventory)
+                await nic_plugin.start()
         await agent.run()
     finally:
         agent.stop()
+        if nic_plugin is not None:
+            await nic_plugin.stop()
         if plugin_task is not None:
             await plugin_task
         await api.close()

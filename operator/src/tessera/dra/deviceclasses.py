@@ -8,6 +8,7 @@
 | ``mig.tessera.dev``      | a MIG partition, static or dynamic, exclusively (``"mig"``)   |
 | ``shared-gpu.tessera.dev``| a share: a GPU or MIG instance under TimeSlicing or MPS      |
 | ``high-memory-gpu``      | a whole GPU or partition with more than 40Gi of real memory   |
+| ``shared-nic.tessera.dev``| a bandwidth share of a NIC (driver ``nic.tessera.dev``)      |
 
 Every selector tests ``device.driver`` first, so it never reads the attributes of another
 driver's devices (an unknown attribute is an evaluation error that aborts allocation).
@@ -31,6 +32,7 @@ import yaml
 
 from tessera import RESOURCE_API_VERSION
 from tessera.dra.devices import DRIVER, TYPE_GPU, TYPE_MIG, TYPE_SHARE
+from tessera.dra.nics import shared_nic_class
 from tessera.models.attributes import MEMORY_CAPACITY
 
 HIGH_MEMORY_THRESHOLD = "40Gi"
@@ -72,6 +74,7 @@ def device_classes(extended_resource: str | None = EXTENDED_RESOURCE_NAME) -> li
         _device_class("mig.tessera.dev", f"{_IS_OURS} && {_type_is(TYPE_MIG)}"),
         _device_class("shared-gpu.tessera.dev", f"{_IS_OURS} && {_type_is(TYPE_SHARE)}"),
         _device_class("high-memory-gpu", high_memory),
+        shared_nic_class(),  # a share of a NIC's bandwidth (tessera.dra.nics)
     ]
     return sorted(classes, key=lambda c: str(c["metadata"]["name"]))
 

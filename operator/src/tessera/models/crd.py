@@ -28,6 +28,7 @@ from pydantic import BaseModel
 
 from tessera import API_GROUP, API_VERSION
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
+from tessera.models.network import NetworkSharingPolicySpec, NetworkSharingPolicyStatus
 from tessera.models.policy import SharingPolicySpec, SharingPolicyStatus
 
 Schema = dict[str, Any]
@@ -225,11 +226,31 @@ def node_layout_crd() -> dict[str, Any]:
     return _crd("NodeLayout", "nodelayouts", ["nl"], schema, columns)
 
 
+def network_sharing_policy_crd() -> dict[str, Any]:
+    schema = _object_schema(
+        NetworkSharingPolicySpec,
+        NetworkSharingPolicyStatus,
+        "NetworkSharingPolicy says which NICs are sold in bandwidth shares, and how big a share is. "
+        "Where several policies select one NIC, the highest priority wins, then the name.",
+    )
+    schema["required"] = ["spec"]
+    columns: list[dict[str, Any]] = [
+        {"name": "Interfaces", "type": "string", "jsonPath": ".spec.interfaces"},
+        {"name": "Share", "type": "string", "jsonPath": ".spec.share.default"},
+        {"name": "Ready", "type": "string", "jsonPath": _READY},
+        {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
+        {"name": "NICs", "type": "integer", "jsonPath": ".status.nics"},
+        _AGE,
+    ]
+    return _crd("NetworkSharingPolicy", "networksharingpolicies", ["nsp"], schema, columns)
+
+
 def crds() -> dict[str, dict[str, Any]]:
     """File name → CRD, for every CRD Tessera ships."""
     return {
         f"{API_GROUP}_sharingpolicies.yaml": sharing_policy_crd(),
         f"{API_GROUP}_nodelayouts.yaml": node_layout_crd(),
+        f"{API_GROUP}_networksharingpolicies.yaml": network_sharing_policy_crd(),
     }
 
 

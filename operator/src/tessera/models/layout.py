@@ -19,6 +19,7 @@ from pydantic.config import JsonDict
 from tessera.models.base import KubeModel
 from tessera.models.catalog import MEMORY_SLICES
 from tessera.models.conditions import Condition
+from tessera.models.nics import NicStatus
 from tessera.models.policy import MpsSpec, ObjectMeta, ShareStrategy, Strategy, TimeSlicingSpec
 
 _LIST_BY_UUID: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uuid"]}
@@ -137,6 +138,12 @@ class NodeLayoutStatus(KubeModel):
     backend: str = ""
     agent_version: str = ""
     gpus: list[GpuStatus] = Field(default_factory=list, max_length=64, json_schema_extra=_LIST_BY_UUID)
+    # The node's NICs (tessera.agent.nics), for the NIC family's publisher (tessera.controller.nics).
+    nics: list[NicStatus] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["interface"]},
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},

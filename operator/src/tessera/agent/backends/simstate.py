@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tessera.agent.backends.base import NotFoundError, NotSupportedError
+from tessera.agent.nics.spec import is_nic_item
 from tessera.models.catalog import GpuModel, MigProfile, model_by_key
 from tessera.models.layout import Health
 from tessera.models.policy import TimeSliceInterval
@@ -61,7 +62,7 @@ def parse_simulate_spec(spec: str) -> list[GpuModel]:
     models: list[GpuModel] = []
     for raw in spec.split(","):
         item = raw.strip()
-        if not item:
+        if not item or is_nic_item(item):  # NICs of the same node spec: tessera.agent.nics.simulated
             continue
         m = _SPEC_ITEM.match(item)
         if m is None:
