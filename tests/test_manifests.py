@@ -286,6 +286,7 @@ AGENT_RESOURCES = {
     ("resource.k8s.io", "resourceclaims"): [
         ("agent/plugin/claims.py", "read_resource_claim("),
         ("kube/claims.py", "api.list("),
+        ("agent/claimview.py", '"resourceclaims", self.feed'),
     ],
     ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", 'subresource="status"')],
     ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", '"apply"')],
@@ -333,7 +334,12 @@ def test_agent_cannot_write_specs_slices_or_other_objects() -> None:
     no_update = "no update: the spec is the operator's"
     assert agent[("tessera.dev", "nodelayouts")] == {"get", "list", "watch", "create"}, no_update
     assert agent[("tessera.dev", "nodelayouts/status")] == {"update"}
-    assert agent[("resource.k8s.io", "resourceclaims")] == {"get", "list"}, "read claims, never write them"
+    assert agent[("resource.k8s.io", "resourceclaims")] == {"get", "list", "watch"}, "read claims, never write them"
+    fence_roles = [d for d in install() if d["kind"] == "Role" and d["metadata"]["name"] == "tessera-agent-fence"]
+    assert [(d["metadata"]["namespace"], granted(d["rules"])) for d in fence_roles] == [
+        (tessera.INSTALL_NAMESPACE, {("resource.k8s.io", "resourceclaims"): {"create", "patch"}})
+    ], "it writes claims only in the install's namespace: its fence claim (tessera.agent.claimview)"
+    assert "write_claim_fence(" in (SRC / "agent/claimview.py").read_text()
     assert agent[("resource.k8s.io", "resourceclaims/status")] == {"patch"}
     assert agent[("resource.k8s.io", "resourceclaims/driver")] == {"associated-node:patch"}
     (driver_rule,) = [r for r in rules("ClusterRole", "tessera-agent") if "resourceclaims/driver" in r["resources"]]

@@ -32,7 +32,7 @@ from tessera.kube.http import RETRY_BACKOFF, ApiError, KubeClient, resource_path
 log = structlog.get_logger("tessera.kube.watch")
 
 OnEvent = Callable[[str, dict[str, Any]], None]  # (ADDED | MODIFIED | DELETED, object)
-Stub = Callable[[Mapping[str, Any]], dict[str, Any]]
+Stub = Callable[[Mapping[str, Any]], dict[str, Any] | None]  # None: not kept (its deletion is not told)
 
 
 def metadata_stub(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -50,14 +50,21 @@ class Seen:
     packed_stub: bytes
 
     @classmethod
-    def of(cls, body: Mapping[str, Any], stub: Stub) -> Seen:
-        version = (body.get("metadata") or {}).get("resourceVersion")
-        return cls(None if version is None else str(version),
-                   json.dumps(stub(body), separators=(",", ":")).encode())
+    def of(cls, body: Mapping[str, Any], stub: Stub) -> Seen | None:
+        """What to keep of ``body``; None where its stub says not to keep it."""
+        kept = stub(body)
+        if kept is None:
+            return None
+        return cls(_version(body), json.dumps(kept, separators=(",", ":")).encode())
 
     def stub(self) -> dict[str, Any]:
         unpacked: dict[str, Any] = json.loads(self.packed_stub)
         return unpacked
+
+
+def _version(body: Mapping[str, Any]) -> str | None:
+    version = (body.get("metadata") or {}).get("resourceVersion")
+    return None if version is None else str(version)
 
 
 def _key(body: Mapping[str, Any]) -> str:
@@ -69,13 +76,15 @@ class ListWatch:
     """Feeds ``on_event`` every change to the objects of one resource (``group`` "" is core)."""
 
     def __init__(self, client: KubeClient, group: str, version: str, plural: str, on_event: OnEvent, *,
-                 label_selector: str | None = None, stub: Stub = metadata_stub, timeout_seconds: int = 300,
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 stub: Stub = metadata_stub, timeout_seconds: int = 300,
                  backoff: Sequence[float] = RETRY_BACKOFF, page_size: int = 500) -> None:
         self.client = client
         self.path = resource_path(group, version, plural)
         self.api_version = f"{group}/{version}" if group else version
         self.on_event = on_event
         self.label_selector = label_selector
+        self.field_selector = field_selector  # e.g. metadata.name=<name>: one object
         self.stub = stub
         self.timeout_seconds = timeout_seconds
         self.backoff = tuple(backoff)
@@ -87,6 +96,7 @@ class ListWatch:
 
     def __repr__(self) -> str:
         selector = f", label_selector={self.label_selector!r}" if self.label_selector else ""
+        selector += f", field_selector={self.field_selector!r}" if self.field_selector else ""
         return f"ListWatch({self.path!r}{selector})"
 
     def start(self) -> None:
@@ -110,7 +120,8 @@ class ListWatch:
                     version = await self._relist()
                 async for kind, body in self.client.watch(
                     self.path, resource_version=version, label_selector=self.label_selector,
-                    timeout_seconds=self.timeout_seconds, bookmarks=True, restart_expired=False,
+                    field_selector=self.field_selector, timeout_seconds=self.timeout_seconds, bookmarks=True,
+                    restart_expired=False,
                 ):
                     failures = 0
                     if kind != "BOOKMARK":
@@ -139,7 +150,8 @@ class ListWatch:
         token: str | None = None
         version = ""
         while True:
-            page = await self.client.list_page(self.path, label_selector=self.label_selector, limit=self.page_size,
+            page = await self.client.list_page(self.path, label_selector=self.label_selector,
+                                               field_selector=self.field_selector, limit=self.page_size,
                                                continue_=token)
             meta = page.get("metadata") or {}
             version = version or str(meta.get("resourceVersion") or "")
@@ -153,9 +165,11 @@ class ListWatch:
                 item.setdefault("apiVersion", self.api_version)  # list items do not say what they are
                 item.setdefault("kind", kind)
                 key = _key(item)
-                seen[key] = now = Seen.of(item, self.stub)
+                entry = Seen.of(item, self.stub)
+                if entry is not None:
+                    seen[key] = entry
                 before = self.known.get(key)
-                if before is None or before.resource_version != now.resource_version:
+                if before is None or before.resource_version != _version(item):
                     self._call("ADDED" if before is None else "MODIFIED", item)
             token = meta.get("continue")
             if not token:
@@ -170,10 +184,11 @@ class ListWatch:
 
     def _deliver(self, kind: str, body: dict[str, Any]) -> None:
         key = _key(body)
-        if kind == "DELETED":
+        entry = None if kind == "DELETED" else Seen.of(body, self.stub)
+        if entry is None:
             self.known.pop(key, None)
         else:
-            self.known[key] = Seen.of(body, self.stub)
+            self.known[key] = entry
         self._call(kind, body)
 
     def _call(self, kind: str, body: dict[str, Any]) -> None:
