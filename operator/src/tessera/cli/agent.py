@@ -97,6 +97,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mps-root", default=_env("MPS_ROOT", "/run/tessera/mps"), help="MPS pipe and log folders (TESSERA_MPS_ROOT)"
     )
     parser.add_argument(
+        "--mps-daemons",
+        choices=("agent", "host"),
+        default=_env("MPS_DAEMONS", "agent"),
+        help="who starts MPS control daemons: the agent itself (a local process), or the node's MPS host "
+        "(`tessera mps-host`, a Pod of its own, so daemons outlive the agent's container) (TESSERA_MPS_DAEMONS)",
+    )
+    parser.add_argument(
         "--health-recovery-seconds",
         type=float,
         default=float(_env("HEALTH_RECOVERY_SECONDS", str(DEFAULTS.health_recovery_seconds))
@@ -202,11 +209,11 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
         # MPS daemons are real stand-in processes, as an agent on a real node runs real ones.
         return SimulatedBackend.from_spec(
             args.node_name, args.simulate, args.state_file, args.mps_root, mps_processes=True,
-            device_dir=args.simulated_dev_dir,
+            device_dir=args.simulated_dev_dir, mps_host=args.mps_daemons == "host",
         )
     from tessera.agent.backends.nvml import NvmlBackend
 
-    return NvmlBackend(mps_root=args.mps_root)
+    return NvmlBackend(mps_root=args.mps_root, mps_host=args.mps_daemons == "host")
 
 
 async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClient) -> None:
