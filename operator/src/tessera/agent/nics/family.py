@@ -233,10 +233,23 @@ def attach_from_runtime_state(family: NicFamily, claim_uid: str, state_json: str
     family.attach(claim_uid, f"/proc/{pid}/ns/net")
 
 
-def attach_hook(claim_uid: str, checkpoint: Path, executable: str = "/usr/local/bin/tessera") -> dict[str, Any]:
-    """The CDI ``containerEdits.hooks`` entry that runs the attach for a claim's shares."""
-    return {
-        "hookName": "createRuntime",
-        "path": executable,
-        "args": [*ATTACH_COMMAND, "--checkpoint", str(checkpoint), "--claim", claim_uid],
-    }
+def attach_hook(
+    claim_uid: str, checkpoint: Path, executable: str = "/usr/local/bin/tessera", agent_pid_file: Path | None = None
+) -> dict[str, Any]:
+    """The CDI ``containerEdits.hooks`` entry that runs the attach for a claim's shares.
+
+    The runtime runs it on the node's host. Where the agent is a host process (or ``tessera`` is
+    installed on the host) the hook runs ``executable`` directly. Where the agent runs in a
+    container (the DaemonSet) nothing of Python is on the host: ``agent_pid_file`` (the agent's
+    host pid, written at start; the DaemonSet has ``hostPID``) then lets the host's ``/bin/sh``
+    enter the agent's mount namespace with util-linux ``nsenter`` and run the image's
+    ``executable`` there, still in the host's network namespace and with the runtime's state on
+    stdin. The pid file is read when the hook runs, so an agent restarted since prepare serves."""
+    args = ["--checkpoint", str(checkpoint), "--claim", claim_uid]
+    if agent_pid_file is None:
+        return {"hookName": "createRuntime", "path": executable, "args": [*ATTACH_COMMAND, *args]}
+    script = (
+        "PATH=/usr/sbin:/usr/bin:/sbin:/bin; "
+        f'exec nsenter --target "$(cat {agent_pid_file})" --mount -- {executable} {ATTACH_COMMAND[1]} "$@"'
+    )
+    return {"hookName": "createRuntime", "path": "/bin/sh", "args": ["sh", "-c", script, "tessera-nic-attach", *args]}

@@ -147,6 +147,11 @@ class NicPluginConfig:
     plugin_dir: Path
     cdi_dir: Path
     hook_executable: str = "/usr/local/bin/tessera"
+    hook_in_agent_namespace: bool = False  # the agent is a container: the hook enters its mount namespace
+
+    @property
+    def agent_pid_file(self) -> Path:
+        return self.plugin_dir / "agent.pid"
 
     @property
     def registration_socket(self) -> Path:
@@ -192,7 +197,8 @@ class NicKubeletPlugin:
             ceilings = device_ceilings(await self._slices.node_slices(self.config.node_name)) if self._slices else {}
             shares = share_requests(claim, ref, self.config.node_name, self.nics(), ceilings)
             await self._blocking(self.family.prepare, ref.uid, [s.share for s in shares])
-            hook = attach_hook(ref.uid, self.config.checkpoint, self.config.hook_executable)
+            pid_file = self.config.agent_pid_file if self.config.hook_in_agent_namespace else None
+            hook = attach_hook(ref.uid, self.config.checkpoint, self.config.hook_executable, pid_file)
             try:
                 spec = nic_cdi_spec(ref.uid, shares, hook)
                 await asyncio.to_thread(_write_json, cdi_spec_path(self.config.cdi_dir, ref.uid), spec)
@@ -219,6 +225,9 @@ class NicKubeletPlugin:
 
     async def start(self) -> None:
         await self._blocking(self.family.recover)
+        if self.config.hook_in_agent_namespace:  # read by the attach hook (attach_hook)
+            await asyncio.to_thread(self.config.agent_pid_file.parent.mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(self.config.agent_pid_file.write_text, f"{os.getpid()}\n")
         self._servers = [
             await _serve(self.config.dra_socket, [self._dra_handler()]),
             await _serve(self.config.registration_socket, [self._registration_handler()]),
