@@ -6,7 +6,6 @@ them is tests/integration/test_install.py's job."""
 from __future__ import annotations
 
 import argparse
-
 import re
 import shutil
 import stat
@@ -137,32 +136,7 @@ def test_operator_runs_one_replica_non_root_on_a_read_only_root() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 65532
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert "hostIPC" not in pod
-
-
-def make_nic_plugin_config(env: dict[str, Any]) -> Any:
-    """The NIC plugin's config as the agent builds it from the DaemonSet's environment."""
-    from tessera.cli.agent import add_arguments, make_nic_plugin_config
-
-    with pytest.MonkeyPatch.context() as patch:  # the flags' defaults are read from the environment
-        for name, value in env.items():
-            if isinstance(value, str):
-                patch.setenv(name, value)
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
-        return make_nic_plugin_config(parser.parse_args([]))
-
-
-def test_the_agent_shapes_nics_in_the_hosts_network_and_its_hook_enters_it_by_host_pid() -> None:
-    pod = agent_pod()
-    assert pod["hostNetwork"] is True, "shares' macvlans, classes and filters live in the host's namespace"
-    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    assert pod["hostPID"] is True, "the attach hook enters the agent by the pid it writes"
-    (container,) = pod["containers"]
-    config = make_nic_plugin_config(env_of(container))
-    assert config.hook_in_agent_namespace is True
-    mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert str(config.agent_pid_file.parent) in mounts and str(config.checkpoint.parent) in mounts
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod)
     (container,) = pod["containers"]
     security = container["securityContext"]
     assert security == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -235,7 +209,8 @@ def test_the_agent_shapes_nics_in_the_hosts_network_and_its_hook_enters_it_by_ho
     config = make_nic_plugin_config(env_of(container))
     assert config.hook_in_agent_namespace is True
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert str(config.agent_pid_file.parent) in mounts and str(config.checkpoint.parent) in mounts
+    assert str(config.agent_pid_file.parent) in mounts
+    assert str(config.checkpoint.parent) in mounts
 
 
 def test_agent_runs_on_gpu_nodes_with_its_node_name_and_a_backend_switch() -> None:
