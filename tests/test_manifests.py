@@ -21,6 +21,7 @@ import tessera
 from tessera import INSTALL_NAMESPACE
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_REGISTRY_DIR, PluginConfig
+from tessera.dra.nics import NIC_DRIVER
 from tessera.manifests import (
     HAND_WRITTEN_PARTS,
     IMAGE_REPOSITORY,
@@ -359,7 +360,7 @@ def test_agent_cannot_write_specs_slices_or_other_objects() -> None:
     assert agent[("resource.k8s.io", "resourceclaims/status")] == {"patch"}
     assert agent[("resource.k8s.io", "resourceclaims/driver")] == {"associated-node:patch"}
     (driver_rule,) = [r for r in rules("ClusterRole", "tessera-agent") if "resourceclaims/driver" in r["resources"]]
-    assert driver_rule["resourceNames"] == [tessera.DRIVER_NAME], "its own driver's entries, nobody else's"
+    assert driver_rule["resourceNames"] == [tessera.DRIVER_NAME, NIC_DRIVER], "its drivers' entries, nobody else's"
     operator = operator_grants()
     assert "nodelayouts/status" not in {r for _, r in operator}, "status is the agent's"
     assert operator[("", "events")] == {"create"}

@@ -27,6 +27,7 @@ from tessera.agent.nics.family import (
     load_checkpoint,
     save_checkpoint,
 )
+from tessera.agent.nics.report import attach_failures
 from tessera.agent.nics.shaping import POD_INTERFACE, ShapingError, Share, UplinkShaper, host_link_name, ifb_name
 from tests.nic_lab import FABRIC_ADDRESS, UPLINK, Lab, network_lab
 
@@ -302,6 +303,20 @@ def test_the_tessera_nic_attach_command_attaches_from_the_runtime_state_on_stdin
                                  capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert refused.returncode == 1
         assert "claim no-such-claim has no prepared NIC share" in refused.stderr
+        # The reason is left for the agent to report on the claim; a later attach that works clears it.
+        reason = refused.stderr.strip().removeprefix("tessera nic-attach: ")
+        assert attach_failures(checkpoint) == {"no-such-claim": reason}
+        family.prepare("no-such-claim", [ShareRequest("s0", UPLINK, GBIT)])
+        other = _pod_process(lab, lab.pod())
+        try:
+            again = subprocess.run([*command, "--claim", "no-such-claim"], input=json.dumps({"pid": other.pid}),
+                                   capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        finally:
+            other.kill()
+            other.wait()
+        assert again.returncode == 0, again.stderr
+        assert attach_failures(checkpoint) == {}
+        family.unprepare("no-such-claim")
     finally:
         process.kill()
         process.wait()

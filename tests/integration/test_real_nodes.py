@@ -522,8 +522,53 @@ async def test_a_nic_share_pod_sees_net1_at_its_first_instruction_and_leaves_not
     assert host_link_name(uid, result["shareID"]) not in here["macvlans"], "the macvlan moved into the Pod"
     shown = await asyncio.to_thread(subprocess.run, ["tc", "class", "show", "dev", UPLINK], capture_output=True,
                                     text=True, check=True)
-    assert f"class htb 1:{minor:x} root rate 2Gbit" in shown.stdout, shown.stdout
+    [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith(f"class htb 1:{minor:x} root")]
+    assert "rate 2Gbit ceil 2Gbit" in line, line
 
     await delete_pods(real, namespace, "nic-0")
     await wait_for(lambda: host_share_pieces(shaper) == NOTHING, timeout=60, interval=0.5,
                    message="no macvlan, class, filter or ifb left after the Pod was deleted")
+
+
+def nic_conditions(real: RealCluster, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The conditions of the pod's claim's nic.tessera.dev entries in ``status.devices``."""
+    statuses = get(real, "pod", pod, "-n", namespace)["status"].get("resourceClaimStatuses") or [{}]
+    if not statuses[0].get("resourceClaimName"):
+        return []
+    claim = get(real, "resourceclaim", statuses[0]["resourceClaimName"], "-n", namespace)
+    return [c for d in (claim.get("status") or {}).get("devices") or [] if d["driver"] == NIC_DRIVER
+            for c in d.get("conditions") or []]
+
+
+async def test_a_failed_attach_is_reported_on_the_claim_and_leaves_the_share_as_prepared(
+    real: RealCluster, namespace: str
+) -> None:
+    """A hostNetwork Pod has no network namespace of its own to take net1: the hook refuses."""
+    real.cluster.apply_objects([nic_policy()])
+    shaper = UplinkShaper()
+    template = claim_template("nic-host", namespace, SHARED_NIC_CLASS, capacity={"bandwidth": "1G"})
+    pod = pod_with_claim("nic-host-0", namespace, "nic-host", on_node(NODE_B), BUSYBOX_IMAGE, SHOW_INTERFACES)
+    pod["spec"]["hostNetwork"] = True
+    real.cluster.apply_objects([template, pod])
+
+    def failed() -> list[dict[str, Any]]:
+        return [c for c in nic_conditions(real, namespace, "nic-host-0") if c["reason"] == "AttachFailed"]
+
+    [condition] = await wait_for(failed, timeout=120, interval=0.5, message="AttachFailed on the claim")
+    assert condition["status"] == "False"
+    assert "host's network namespace" in condition["message"], condition
+    [status] = get(real, "pod", "nic-host-0", "-n", namespace)["status"]["containerStatuses"]
+    assert "running" not in status["state"], status
+    [result] = claim_results(real, namespace, "nic-host-0")
+    uid = get(real, "resourceclaim", get(real, "pod", "nic-host-0", "-n", namespace)["status"]
+              ["resourceClaimStatuses"][0]["resourceClaimName"], "-n", namespace)["metadata"]["uid"]
+    here = host_share_pieces(shaper)
+    assert here["macvlans"] == {host_link_name(uid, result["shareID"])}, "the share is as prepared, in the host"
+    assert "net1" not in os.listdir("/sys/class/net"), "nothing renamed or brought up in the host"
+    operstate = await asyncio.to_thread(Path(f"/sys/class/net/{host_link_name(uid, result['shareID'])}/operstate")
+                                        .read_text)
+    assert operstate.strip() == "down"
+
+    await delete_pods(real, namespace, "nic-host-0")
+    await wait_for(lambda: host_share_pieces(shaper) == NOTHING, timeout=60, interval=0.5,
+                   message="nothing left after the Pod was deleted")

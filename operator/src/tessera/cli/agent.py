@@ -201,11 +201,13 @@ def make_nic_plugin(
     from tessera.agent.nics.family import NicFamily
     from tessera.agent.nics.plugin import KubeSliceReader, NicKubeletPlugin
     from tessera.agent.nics.shaping import UplinkShaper
-    from tessera.agent.plugin.claims import KubeClaimReader
+    from tessera.agent.plugin.claims import KubeClaimReader, KubeClaimStatusWriter
+    from tessera.dra.nics import NIC_DRIVER
 
     config = make_nic_plugin_config(args)
     family = NicFamily(config.checkpoint, UplinkShaper())
-    return NicKubeletPlugin(config, family, KubeClaimReader(api), nics, slices=KubeSliceReader(api))
+    status = KubeClaimStatusWriter(api, f"{NIC_DRIVER}/{config.node_name}"[:128])
+    return NicKubeletPlugin(config, family, KubeClaimReader(api), nics, slices=KubeSliceReader(api), status=status)
 
 
 def make_backend(args: argparse.Namespace) -> DeviceBackend:
