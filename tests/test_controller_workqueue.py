@@ -147,3 +147,34 @@ def test_an_empty_fleet_is_swept_at_once() -> None:
     queue = WorkQueue(Recorder(), workers=1)
     queue.sweep([])
     assert queue.swept.is_set()
+
+
+async def test_a_gated_queue_reconciles_only_while_leading_and_a_refused_write_is_no_failure() -> None:
+    from tessera.kube.fence import NotLeading
+
+    leading = asyncio.Event()
+    calls: list[str] = []
+    refuse = True
+
+    async def reconcile(node: str) -> None:
+        calls.append(node)
+        if refuse:
+            raise NotLeading("fence shut")
+
+    queue = WorkQueue(reconcile, workers=2, gate=leading)
+    queue.start()
+    try:
+        queue.enqueue("node-a")
+        await asyncio.sleep(0.05)
+        assert calls == [], "a standby takes no work"
+        leading.set()
+        await until(lambda: calls == ["node-a"], "the leader's first try")
+        leading.clear()  # the elector noticed the lost lease
+        assert queue._failures == {}, "a refused write is not a failure"
+        await asyncio.sleep(1.2)  # the node came back after NOT_LEADING_RETRY and waits for the next term
+        assert calls == ["node-a"]
+        refuse = False
+        leading.set()
+        await until(lambda: calls == ["node-a", "node-a"], "the next term's try")
+    finally:
+        await queue.stop()

@@ -76,7 +76,7 @@ def test_check_command_reports_a_hand_edited_install_file(tmp_path: Path, capsys
     shutil.copytree(MANIFESTS, folder)
     shutil.copytree(EXAMPLES, tmp_path / "examples" / "policies")
     assert main(["--check", str(folder)]) == 0
-    (folder / INSTALL_FILE).write_text((folder / INSTALL_FILE).read_text().replace("replicas: 1", "replicas: 2"))
+    (folder / INSTALL_FILE).write_text((folder / INSTALL_FILE).read_text().replace("replicas: 2", "replicas: 3"))
     assert main(["--check", str(folder)]) == 1
     assert "install.yaml is out of date" in capsys.readouterr().out
     assert main(["--write", str(folder)]) == 0
@@ -120,18 +120,23 @@ def test_every_namespaced_object_lives_in_the_install_namespace() -> None:
         if doc["kind"] in namespaced:
             assert doc["metadata"]["namespace"] == INSTALL_NAMESPACE, doc["metadata"]["name"]
     roles = [d for d in install() if d["kind"] in ("Role", "RoleBinding")]
-    # Only events: ours go to `default`, Kopf's (in a pod) to the pod's namespace.
+    # Events about cluster-scoped objects go to `default`; the leader's Lease is in the install's.
     assert {d["metadata"]["namespace"] for d in roles} == {"default", INSTALL_NAMESPACE}
+    assert one("PodDisruptionBudget", "tessera-operator")["metadata"]["namespace"] == INSTALL_NAMESPACE
 
 
 # -- the operator Deployment -------------------------------------------------------------
 
 
-def test_operator_runs_one_replica_non_root_on_a_read_only_root() -> None:
+def test_operator_runs_two_replicas_non_root_on_a_read_only_root() -> None:
     deployment = one("Deployment", "tessera-operator")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}, "Kopf runs standalone: two must never overlap"
+    assert spec["replicas"] == 2, "a leader and a warm standby"
+    # The Lease, not the rollout, keeps two from writing: a rollout may overlap (surge) but never
+    # leaves fewer than two replicas, and the old leader hands its lease over as it stops.
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    budget = one("PodDisruptionBudget", "tessera-operator")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": spec["selector"]}
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == "tessera-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -152,9 +157,10 @@ def test_operator_probes_hit_the_health_port_it_listens_on() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     env = env_of(container)
     assert ports["health"] == int(env["TESSERA_HEALTH_PORT"]) == 8080
+    assert ports["ready"] == int(env["TESSERA_READY_PORT"]) == 8081
     assert ports["metrics"] == int(env["TESSERA_METRICS_PORT"])
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "ready"}
     assert container["args"] == ["operator"]
     assert "KUBECONFIG" not in env, "in the cluster the operator uses its service account"
 
@@ -277,7 +283,6 @@ def test_sample_workload_images_have_explicit_tags() -> None:
 
 # (api group, resource) -> (source file, the call or constant there that needs it), for every
 # grant; the Kopf-only grant names Kopf's own module.
-KOPF_EVENTS = str(Path(kopf.__file__).parent / "_cogs" / "clients" / "events.py")
 KOPF_OBSERVER = str(Path(kopf.__file__).parent / "_core" / "reactor" / "observation.py")  # absolute: SRC / it is it
 OPERATOR_RESOURCES = {
     ("tessera.dev", "sharingpolicies"): [
@@ -299,7 +304,8 @@ OPERATOR_RESOURCES = {
         ("kube/objects.py", '"resourceslices"'), ("controller/runtime.py", "*SLICES")],
     ("", "pods/eviction"): [("kube/objects.py", 'subresource="eviction"')],
     ("", "pods"): [("controller/demand.py", 'PODS = ("", "v1", "pods")'), ("controller/runtime.py", "*PODS")],
-    ("", "events"): [("kube/objects.py", 'resource_path("", "v1", "events"'), (KOPF_EVENTS, "get_default_namespace")],
+    ("", "events"): [("kube/objects.py", 'resource_path("", "v1", "events"')],
+    ("coordination.k8s.io", "leases"): [("kube/lease.py", '"leases"'), ("kube/lease.py", "self.client.replace(")],
     ("apiextensions.k8s.io", "customresourcedefinitions"): [(KOPF_OBSERVER, "references.CRDS")],
 }
 AGENT_RESOURCES = {
@@ -326,7 +332,7 @@ def granted(rule_list: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
 
 
 def operator_grants() -> dict[tuple[str, str], set[str]]:
-    roles = [d for d in install() if d["kind"] == "Role" and d["metadata"]["name"] == "tessera-operator-events"]
+    roles = [d for d in install() if d["kind"] == "Role" and d["metadata"]["name"].startswith("tessera-operator-")]
     return granted(rules("ClusterRole", "tessera-operator") + [r for role in roles for r in role["rules"]])
 
 

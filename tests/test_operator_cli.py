@@ -32,3 +32,19 @@ def test_a_bad_number_is_refused_with_what_was_wrong(argv: tuple[str, ...], mess
     with pytest.raises(SystemExit):
         parse(*argv)
     assert message in capsys.readouterr().err
+
+
+def test_lease_timing_defaults_to_client_gos_and_is_read_from_flags() -> None:
+    args = parse()
+    assert (args.lease_duration, args.renew_deadline, args.retry_period) == (15.0, 10.0, 2.0)
+    assert (args.lease_namespace, args.lease_name) == ("tessera-system", "tessera-operator")
+    args = parse("--lease-duration", "30", "--renew-deadline", "20", "--retry-period", "4")
+    assert (args.lease_duration, args.renew_deadline, args.retry_period) == (30.0, 20.0, 4.0)
+
+
+def test_a_renew_deadline_not_below_the_lease_duration_is_refused_naming_the_flags() -> None:
+    from tessera.cli.operator import run
+
+    args = parse("--lease-duration", "10", "--renew-deadline", "10")
+    with pytest.raises(SystemExit, match=r"--lease-duration, --renew-deadline.*renew deadline \(10.0\)"):
+        run(args)

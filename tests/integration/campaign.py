@@ -2,7 +2,10 @@
 priority flips; an Adaptive policy among the layouts, with claims for 3g slices that only a
 recut serves) while claims are created, allocated by the real scheduler and released, and
 the operator, the node agents and the kube-apiserver are killed (SIGKILL) and restarted at
-random points. Invariants are checked all the while:
+random points. Two operator replicas elect a leader through a Lease; the leader is killed
+(``kill-leader``) or frozen past its lease (``freeze-leader``: SIGSTOP, then SIGCONT a little
+after the lease ran out, while the campaign goes on), and the standby is killed
+(``kill-standby``). Invariants are checked all the while:
 
 - no allocated device is destroyed: a claim whose allocation is older than its node's latest
   agent status must find its device in that status (resourceVersions are etcd revisions, so
@@ -10,7 +13,11 @@ random points. Invariants are checked all the while:
 - our slices are never duplicated (a device name twice in a pool) nor orphaned (a pool with
   no Node);
 - after the faults stop, the slices converge to what the agents report (the time is measured);
-- a restarted operator with nothing new to do writes nothing.
+- a restarted operator with nothing new to do writes nothing;
+- never two writers: every operator process logs each write as it goes onto the wire and the
+  moment it starts to lead (``TESSERA_FAULT_WRITE_LOG``, on the machine's monotonic clock);
+  once a replica has begun to lead, no other replica writes until it leads again itself (so a
+  frozen leader that wakes writes nothing until it has the lease back).
 
 The same seed gives the same actions, faults and pauses, so a failing run can be replayed
 (the processes' own timing still varies). Not a test module itself: ``test_fault_campaign``
@@ -25,6 +32,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tessera.controller.decide import published_device_names
@@ -58,11 +66,18 @@ ACTIONS = {  # action: weight
     "pod-create": 5,
     "pod-create-slice": 2,  # a claim for a 3g slice: only a MIG layout serves it, so Adaptive recuts for it
     "pod-delete": 3,
-    "kill-operator": 1,
+    "kill-operator": 1,  # either replica
+    "kill-leader": 1,
+    "freeze-leader": 1,
+    "kill-standby": 1,
     "kill-agent": 1,
     "kill-apiserver": 1,
 }
-FAULTS = frozenset({"kill-operator", "kill-agent", "kill-apiserver"})
+FAULTS = frozenset({"kill-operator", "kill-leader", "freeze-leader", "kill-standby", "kill-agent", "kill-apiserver"})
+OPERATORS = ("operator", "operator-b")
+# The campaign's lease: shorter than client-go's 15/10/2 s so that a CI run sees many handovers;
+# benchmarks/fault_campaign.py --lease-duration 15 runs the defaults.
+CAMPAIGN_LEASE = {"TESSERA_LEASE_DURATION": "6", "TESSERA_RENEW_DEADLINE": "4", "TESSERA_RETRY_PERIOD": "1"}
 
 
 @dataclass
@@ -75,6 +90,8 @@ class CampaignReport:
     violations: list[str] = field(default_factory=list)
     convergence: list[float] = field(default_factory=list)  # seconds from faults stopping to converged
     restart_writes: float = -1.0
+    writes_checked: int = 0  # operator writes set against every replica's terms (never two writers)
+    leader_terms: int = 0
     recuts_for_claims: int = 0  # AdaptiveRecut Events: GPUs an Adaptive policy recut for a waiting claim
 
     @property
@@ -87,13 +104,42 @@ class CampaignReport:
         p99 = conv[min(len(conv) - 1, int(len(conv) * 0.99))] if conv else float("nan")
         return (
             f"seed {self.seed}: {self.steps} steps, {self.faults} faults injected "
-            f"({', '.join(f'{a} {n}' for a, n in sorted(self.actions.items()) if a in FAULTS)}), "
+            f"({', '.join(f'{a} {self.actions[a]}' for a in sorted(FAULTS))}), "
             f"{sum(self.actions.values()) - self.faults} other actions ({self.failed_actions} refused while the "
             f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations; "
             f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
             f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}; "
-            f"adaptive recuts for waiting claims: {self.recuts_for_claims}"
+            f"adaptive recuts for waiting claims: {self.recuts_for_claims}; "
+            f"{self.writes_checked} operator writes in {self.leader_terms} leader terms checked for a second writer"
         )
+
+
+def read_write_log(path: Path) -> list[tuple[float, str]]:
+    """(monotonic seconds, "LEADING" or "<method> <url>") of one operator process's write log."""
+    out = []
+    for line in path.read_text().splitlines():
+        at, _, what = line.partition(" ")
+        out.append((int(at) / 1e9, what))
+    return out
+
+
+def writes_only(entries: list[tuple[float, str]], since: float = float("-inf")) -> list[tuple[float, str]]:
+    return [(at, what) for at, what in entries if what != "LEADING" and at >= since]
+
+
+def second_writers(logs: dict[str, list[tuple[float, str]]]) -> list[str]:
+    """Writes made by a process while another had begun to lead after it last did: with a
+    write fence that shuts before a lease can be taken, there are none."""
+    timeline = sorted((at, what == "LEADING", process, what) for process, entries in logs.items()
+                      for at, what in entries)
+    problems = []
+    leader: str | None = None
+    for at, leading, process, what in timeline:
+        if leading:
+            leader = process
+        elif process != leader:
+            problems.append(f"{process} wrote ({what}) at {at:.3f} while {leader} led")
+    return problems
 
 
 def _rv(body: dict[str, Any]) -> int:
@@ -170,8 +216,14 @@ def converged(layouts: list[dict[str, Any]], slices: list[dict[str, Any]]) -> bo
 
 
 class Campaign:
-    def __init__(self, cluster: LocalCluster, tessera: TesseraProcesses, seed: int, nodes: int = 3) -> None:
+    def __init__(self, cluster: LocalCluster, tessera: TesseraProcesses, seed: int, nodes: int = 3,
+                 lease: dict[str, str] | None = None) -> None:
         self.cluster = cluster
+        self.lease = lease or CAMPAIGN_LEASE
+        self.write_logs: dict[str, Path] = {}  # operator incarnation -> its write log
+        self.incarnations = 0
+        self.frozen: set[str] = set()
+        self.thaws: list[asyncio.Task[None]] = []
         self.tessera = tessera
         self.rng = random.Random(seed)
         self.report = CampaignReport(seed, 0)
@@ -233,7 +285,33 @@ class Campaign:
         self.tessera.processes.remove(process)
         if name.startswith("agent-"):
             return self.tessera.agent(name.removeprefix("agent-"), SIMULATE)
-        return self.tessera.operator(name)
+        return self._operator(name)
+
+    def _operator(self, name: str) -> TesseraProcess:
+        """An operator replica in the campaign's election, with a write log of its own."""
+        self.incarnations += 1
+        log = self.tessera.folder / f"{name}-{self.incarnations}.writes"
+        log.touch()
+        self.write_logs[f"{name}#{self.incarnations}"] = log
+        return self.tessera.operator(name, env={**self.lease, "TESSERA_FAULT_WRITE_LOG": str(log)})
+
+    def _replicas(self) -> list[TesseraProcess]:
+        return [p for p in self.tessera.processes if p.name in OPERATORS]
+
+    async def _roles(self) -> dict[str, str | None]:
+        awake = [p for p in self._replicas() if p.name not in self.frozen]
+        found = await asyncio.gather(*(asyncio.to_thread(p.role) for p in awake))
+        return {p.name: r for p, r in zip(awake, found, strict=True)}
+
+    async def _freeze(self, process: TesseraProcess) -> None:
+        """SIGSTOP for longer than the lease, then SIGCONT, while the campaign goes on."""
+        self.frozen.add(process.name)
+        process.freeze()
+        try:
+            await asyncio.sleep(float(self.lease["TESSERA_LEASE_DURATION"]) + self.rng.uniform(1.0, 3.0))
+        finally:
+            process.thaw()
+            self.frozen.discard(process.name)
 
     async def act(self, action: str) -> bool:
         rng = self.rng
@@ -288,7 +366,19 @@ class Campaign:
                 return self._kubectl_ok("delete", "pod", pod, "-n", NAMESPACE, "--grace-period=0", "--force",
                                         "--wait=false")
             case "kill-operator":
-                self._restart("operator")
+                self._restart(rng.choice([n for n in OPERATORS if n not in self.frozen] or ["operator"]))
+                return True
+            case "kill-leader" | "freeze-leader" | "kill-standby":
+                roles = await self._roles()
+                want = "standby" if action == "kill-standby" else "leader"
+                chosen = sorted(name for name, role in roles.items() if role == want)
+                if not chosen:
+                    return False  # none now (a handover under way): counted as refused
+                if action == "freeze-leader":
+                    process = next(p for p in self.tessera.processes if p.name == chosen[0])
+                    self.thaws.append(asyncio.create_task(self._freeze(process)))
+                else:
+                    self._restart(chosen[0])
                 return True
             case "kill-agent":
                 self._restart(f"agent-{rng.choice(self.nodes)}")
@@ -303,6 +393,11 @@ class Campaign:
     # -- the campaign --------------------------------------------------------------------------
 
     async def setup(self) -> None:
+        for process in self._replicas():  # the fixture's operator makes way for the campaign's two
+            process.stop()
+            self.tessera.processes.remove(process)
+        for name in OPERATORS:
+            self._operator(name)
         self.cluster.kubectl("create", "namespace", NAMESPACE)
         await wait_for(lambda: self._kubectl_ok("get", "serviceaccount", "default", "-n", NAMESPACE), timeout=30,
                        message="the campaign namespace's ServiceAccount")
@@ -339,14 +434,27 @@ class Campaign:
                 if (step + 1) % quiet_every == 0 or step == steps - 1:
                     self.report.convergence.append(await self.wait_converged(timeout=120))
             self.report.steps = steps
+            await asyncio.gather(*self.thaws)
             recuts = self._items("events", "-n", NAMESPACE, "--field-selector", "reason=AdaptiveRecut")
             self.report.recuts_for_claims = len(recuts or [])
             await self.release_everything()
             await self.check()
         finally:
             checker.cancel()
+            for task in self.thaws:
+                task.cancel()
+            for process in self._replicas():
+                process.thaw()
         self.report.restart_writes = await self.restart_writes()
+        self.check_writers()
         return self.report
+
+    def check_writers(self) -> None:
+        logs = {name: read_write_log(path) for name, path in self.write_logs.items()}
+        self.report.writes_checked = sum(len(writes_only(entries)) for entries in logs.values())
+        self.report.leader_terms = sum(1 for entries in logs.values() for _, what in entries if what == "LEADING")
+        for problem in second_writers(logs)[:20]:
+            self.report.violations.append(f"two writers: {problem}")
 
     async def release_everything(self) -> None:
         for pod in self.pods:
@@ -376,8 +484,12 @@ class Campaign:
         await self.wait_converged(timeout=120)
 
     async def restart_writes(self) -> float:
-        """API writes a restarted operator makes when nothing changed (must be 0)."""
-        restarted = self._restart("operator")
+        """API writes a restarted operator makes when nothing changed (must be 0). Both replicas
+        stop (handing the lease over), and one starts again: it leads at once."""
+        for process in self._replicas():
+            process.stop()
+            self.tessera.processes.remove(process)
+        restarted = self._operator("operator")
         layouts = self._items("nodelayouts") or []
 
         def reconciled() -> dict[str, float] | None:

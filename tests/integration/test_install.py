@@ -139,7 +139,7 @@ def install(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> 
         for node in (H100_NODE, H200_NODE)
     }
     runners = [TesseraProcesses(operator_id, folder)]  # the processes get this kubeconfig and nothing else
-    operator = runners[0].operator()
+    operator = runners[0].operator(env={"TESSERA_LEASE_NAMESPACE": INSTALL_NAMESPACE})  # as the Deployment's
     agents = {}
     for node, simulate in ((H100_NODE, "1xH100-80GB"), (H200_NODE, "1xH200-141GB")):
         runners.append(TesseraProcesses(agent_ids[node], folder))
@@ -170,7 +170,7 @@ def test_every_object_of_the_install_is_accepted(cluster: LocalCluster, install:
             args += ["-n", meta["namespace"]]
         assert get_or_none(cluster, *args) is not None, f"{kind}/{meta['name']} is not in the cluster"
     deployment = get(cluster, "deployment", "tessera-operator", "-n", INSTALL_NAMESPACE)
-    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["replicas"] == 2  # a leader and a warm standby
     daemonset = get(cluster, "daemonset", "tessera-agent", "-n", INSTALL_NAMESPACE)
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"] is True
     assert "deployment.apps/tessera-operator" in install.apply_output
@@ -227,7 +227,12 @@ RBAC_MATRIX = [
     (OPERATOR_SA, "delete", "resourceslices.resource.k8s.io", [], True),
     (OPERATOR_SA, "create", "pods", ["--subresource=eviction", "-n", "team-a"], True),
     (OPERATOR_SA, "create", "events", ["-n", "default"], True),
-    (OPERATOR_SA, "create", "events", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "create", "events", ["-n", INSTALL_NAMESPACE], False),  # Kopf posts no events any more
+    (OPERATOR_SA, "create", "leases.coordination.k8s.io", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "update", "leases.coordination.k8s.io/tessera-operator", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "watch", "leases.coordination.k8s.io/tessera-operator", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "update", "leases.coordination.k8s.io/kube-scheduler", ["-n", "kube-system"], False),
+    (OPERATOR_SA, "update", "leases.coordination.k8s.io/other", ["-n", INSTALL_NAMESPACE], False),
     (OPERATOR_SA, "watch", "customresourcedefinitions.apiextensions.k8s.io", [], True),
     (OPERATOR_SA, "create", "sharingpolicies.tessera.dev", [], False),
     (OPERATOR_SA, "delete", "sharingpolicies.tessera.dev", [], False),

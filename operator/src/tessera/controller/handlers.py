@@ -1,12 +1,13 @@
 """Kopf handlers: thin adapters from watch events to the :class:`Controller`.
 
-SharingPolicies get Kopf create/update/resume/delete handlers (Kopf keeps its small bookkeeping
-in ``tessera.dev/`` annotations, never in our structural status); ResourceClaims a plain Kopf
-event handler, which stores nothing on them (claims are not ours to annotate). The high-volume
+SharingPolicies and ResourceClaims get plain Kopf event handlers, which store nothing on the
+objects: Kopf writes nothing at all (no finalizers, annotations or events), so that every write
+goes through the fenced client of the replica that holds the lease
+(``tessera.controller.leadership`` says how the two replicas, Kopf and the fence combine). The high-volume
 kinds — Nodes, NodeLayouts (large) and our ResourceSlices — skip Kopf: the Controller's own
 ``tessera.kube.watch`` loops hand each event on as the API sent it, with no per-event deep
-copy or per-object bookkeeping. The startup handler holds the settings and starts the
-Controller; cleanup stops it.
+copy or per-object bookkeeping. The startup handler holds the settings, starts the Controller
+(warm, as a standby) and the leader election; cleanup hands the lease over and stops both.
 Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
 """
 
@@ -20,9 +21,10 @@ from typing import Any
 import kopf
 
 from tessera import API_GROUP
+from tessera.controller.leadership import Leadership, LeaseSettings
 from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
-from tessera.kube.http import KubeClient
+from tessera.kube.lease import LeaseTiming
 from tessera.kube.objects import CLAIMS, POLICIES, Api
 
 registry = kopf.OperatorRegistry()
@@ -46,48 +48,61 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=API_GROUP, key="last-handled-configuration"
     )
-    settings.persistence.finalizer = f"{API_GROUP}/operator"
-    settings.posting.level = logging.WARNING  # our own events say what matters
-    settings.peering.standalone = True  # one active replica (Deployment strategy Recreate)
+    # Event handlers need no finalizer; Kopf removes its own from objects that no handler needs it
+    # on, so it is given one that no object carries (the older f"{API_GROUP}/operator" is lifted
+    # by the leader: Controller.policy_seen).
+    settings.persistence.finalizer = f"{API_GROUP}/kopf-never-set"
+    settings.posting.enabled = False  # our own events say what matters, and only the leader posts them
+    settings.posting.level = logging.WARNING
+    settings.peering.standalone = True  # Kopf's peering is not leader election: the Lease decides
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 5, 10]
-    client = KubeClient.from_environment(os.environ.get("KUBECONFIG"))
-    memo.client = client
+    env = os.environ.get
+    timing = LeaseTiming(float(env("TESSERA_LEASE_DURATION", "15")), float(env("TESSERA_RENEW_DEADLINE", "10")),
+                         float(env("TESSERA_RETRY_PERIOD", "2")))
+    leadership = Leadership(LeaseSettings(env("TESSERA_LEASE_NAMESPACE", "tessera-system"),
+                                          env("TESSERA_LEASE_NAME", "tessera-operator"),
+                                          env("TESSERA_LEADER_IDENTITY", ""), timing,
+                                          env("TESSERA_FAULT_WRITE_LOG", "")), env("KUBECONFIG"))
+    memo.leadership = leadership
+    ready_port = int(env("TESSERA_READY_PORT", "0"))
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
     # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
     memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))
     workers = int(os.environ.get("TESSERA_WORKERS", DEFAULT_WORKERS))
-    controller = Controller(Api(client), workers=workers, handover_grace=grace)
+    controller = Controller(Api(leadership.client), workers=workers, handover_grace=grace, leading=False)
     memo.controller = controller
+    leadership.start(controller)
+    if ready_port:
+        await leadership.serve_readiness(ready_port)
     await controller.start()
-    memo.nics = NicPublisher(Api(client))  # the NIC family's room: tessera.controller.nics
+    memo.nics = NicPublisher(Api(leadership.client))  # the NIC family's room: tessera.controller.nics
     await memo.nics.start()
 
 
 @kopf.on.cleanup(registry=registry)
 async def cleanup(memo: Any, **_: Any) -> None:
+    if getattr(memo, "leadership", None) is not None:
+        memo.leadership.fence.shut()  # nothing more from this replica, then the lease goes
     if getattr(memo, "nics", None) is not None:
         await memo.nics.stop()
     if getattr(memo, "controller", None) is not None:
         await _controller(memo).stop()
-    if getattr(memo, "client", None) is not None:
-        await memo.client.close()
+    if getattr(memo, "leadership", None) is not None:
+        await memo.leadership.stop()
 
 
 # -- SharingPolicies ---------------------------------------------------------------------
 
 
-@kopf.on.resume(*POLICIES, registry=registry)
-@kopf.on.create(*POLICIES, registry=registry)
-@kopf.on.update(*POLICIES, registry=registry)
-async def policy_changed(body: kopf.Body, memo: Any, **_: Any) -> None:
-    _controller(memo).policy_seen(dict(body))
-
-
-@kopf.on.delete(*POLICIES, registry=registry)
-async def policy_deleted(name: str, memo: Any, **_: Any) -> None:
-    _controller(memo).policy_deleted(name)
+@kopf.on.event(*POLICIES, registry=registry)
+async def policy_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    body = event["object"]
+    if event["type"] == "DELETED":
+        _controller(memo).policy_deleted(str(body["metadata"]["name"]))
+    else:
+        _controller(memo).policy_seen(body)
 
 
 # -- ResourceClaims ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from tessera import API_GROUP, API_VERSION
 from tessera.dra.nics import NIC_DRIVER, NodeNics, choose_shared_nics, nic_slice
 from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef
+from tessera.kube.fence import NotLeading
 from tessera.kube.http import ApiError, resource_path
 from tessera.kube.objects import LAYOUTS, NODES, SLICES, Api
 from tessera.kube.watch import ListWatch
@@ -206,6 +207,10 @@ class NicPublisher:
                 for node in sorted(dirty):
                     await self._publish(node)
                 await self._report()
+            except NotLeading:  # a standby replica: the leader publishes; the same nodes again after a pause
+                self._dirty |= dirty
+                await asyncio.sleep(2)
+                self._wake.set()
             except Exception as error:  # an apiserver away, a conflict: the same nodes again after a pause
                 log.warning("NIC publishing failed; trying again", error=str(error), kind=type(error).__name__)
                 self._dirty |= dirty

@@ -16,6 +16,11 @@ before a new layout), drains (``drains``: timeouts, evictions), claims on missin
 (``writes``), whose gate is where leader election shuts a standby out. Adaptive layouts
 plug in beside ``decide``: a recut the demand room chooses is a change of a GPU's wanted
 layout, carried out by the same handover.
+Only a leader writes (``tessera.controller.leadership``): a standby reads the cluster and
+follows every watch like a leader, so its view is warm, but its queue's workers and its status
+passes wait on :attr:`Controller.leading` (:meth:`lead`, :meth:`follow`), which is also the
+write door's gate; a write refused there or by the client's fence (``NotLeading``) puts its
+node back for the next term.
 Not for: deciding (``decide``, ``policystatus``), building slices (``tessera.dra``), or
 keeping and writing them (``publisher``).
 """
@@ -26,7 +31,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -42,8 +47,8 @@ from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice
 from tessera.controller.state import Fleet
 from tessera.controller.statuswriter import PolicyStatusWriter
 from tessera.controller.workqueue import WorkQueue
-from tessera.controller.writes import ApiWrites
-from tessera.kube.http import retry_delay
+from tessera.controller.writes import ApiWrites, NotLeading
+from tessera.kube.http import ApiError, retry_delay
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
 from tessera.kube.watch import ListWatch
 from tessera.models.layout import NodeLayout
@@ -52,6 +57,8 @@ log = structlog.get_logger("tessera.operator")
 
 DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims read that may clear it
 DEFAULT_WORKERS = 8  # nodes reconciled at once
+# Kopf's finalizer from before leader election (Kopf now writes nothing): lifted by the leader.
+LEGACY_FINALIZER = "tessera.dev/operator"
 
 
 class Controller:
@@ -59,13 +66,18 @@ class Controller:
 
     def __init__(
         self, api: Api, fleet: Fleet | None = None, workers: int = DEFAULT_WORKERS,
-        handover_grace: float = DEFAULT_HANDOVER_GRACE,
+        handover_grace: float = DEFAULT_HANDOVER_GRACE, leading: bool = True,
     ) -> None:
         self.api = api
         self.fleet = fleet or Fleet()
         self.decisions: dict[str, NodeDecision] = {}
-        self.writes = ApiWrites()
-        self.queue = WorkQueue(self.reconcile, workers)
+        self.leading = asyncio.Event()  # set while this replica may write (see lead and follow)
+        if leading:
+            self.leading.set()
+        self._terms = int(leading)
+        self._term_tasks: list[asyncio.Task[None]] = []
+        self.writes = ApiWrites(self.leading.is_set)
+        self.queue = WorkQueue(self.reconcile, workers, self.leading)
         self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later)
         self.publisher = SlicePublisher(api, self.writes)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
@@ -122,16 +134,66 @@ class Controller:
         for watch in self._watches:  # in this order: the slices are known before the nodes are
             watch.start()
             await watch.listed.wait()
-        await self.publisher.remove_orphans(self.fleet.nodes)
+        if self.leading.is_set():  # else the first term removes them
+            with contextlib.suppress(NotLeading):
+                await self.publisher.remove_orphans(self.fleet.nodes)
         log.info("read the cluster", policies=len(self.fleet.policies), nodes=len(self.fleet.nodes),
                  gpu_nodes=len(self.fleet.gpu_nodes()), claims=len(self.fleet.claims))
         # A status pass on a half-swept fleet would count half the GPUs and write that.
         self.queue.sweep(self.fleet.nodes)
         self.enqueue_all()
         self.queue.start()
-        self._status_task = asyncio.create_task(self.statuses.run(self.queue.swept), name="tessera-policy-status")
+        self._status_task = asyncio.create_task(self.statuses.run(self.queue.swept, self.leading),
+                                                name="tessera-policy-status")
         self.demand.start()
         self.ready.set()
+
+    # -- leadership (the elector in tessera.controller.leadership calls these) ---------------
+
+    def lead(self) -> None:
+        """This replica holds the lease: reconcile every node, after removing orphaned slices.
+        What an earlier term of ours proved about handovers counts no more (another leader may
+        have written since), and statuses wait for this term's sweep."""
+        if self._terms:
+            self.handover = Handover(self.handover.fresh_claims, self.handover.grace, self.queue.later)
+            self.queue.sweep(self.fleet.nodes)
+        self._terms += 1
+        self.leading.set()
+        if self.ready.is_set():  # else start() is still reading the cluster, and does this itself
+            self._spawn(self._begin_term())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        self._term_tasks = [t for t in self._term_tasks if not t.done()]
+        self._term_tasks.append(asyncio.create_task(work, name="tessera-term"))
+
+    def follow(self) -> None:
+        """Another replica leads (or may): stop taking work; writes under way meet the gate or the fence."""
+        self.leading.clear()
+
+    async def _begin_term(self) -> None:
+        self.enqueue_all()
+        self.status_changed()
+        for body in list(self.fleet.policy_bodies.values()):
+            await self._lift_legacy_finalizer(body)
+        try:
+            await self.publisher.remove_orphans(self.fleet.nodes)
+        except NotLeading:
+            pass
+        except Exception as exc:  # the apiserver away: the next term (or the Node's ownership of them) clears them
+            log.warning("could not remove orphaned slices", error=repr(exc))
+
+    async def _lift_legacy_finalizer(self, body: Mapping[str, Any]) -> None:
+        """A policy from before leader election carries Kopf's old finalizer: take it off once
+        the policy is being deleted (the leader's write), so that the deletion completes."""
+        meta = body.get("metadata") or {}
+        if not self.leading.is_set() or not meta.get("deletionTimestamp"):
+            return
+        if LEGACY_FINALIZER not in (meta.get("finalizers") or []):
+            return
+        try:
+            await self.writes("sharingpolicy/finalizer", self.api.remove_policy_finalizer(dict(body), LEGACY_FINALIZER))
+        except (NotLeading, ApiError) as exc:  # not leading, or the policy changed: its next event comes here again
+            log.info("did not lift the old finalizer", policy=meta.get("name"), why=repr(exc))
 
     async def _list_until_answered(self, resource: tuple[str, str, str]) -> list[dict[str, Any]]:
         """A list at start, tried again after a backoff until the apiserver answers: the
@@ -148,6 +210,8 @@ class Controller:
         raise AssertionError("unreachable")
 
     async def stop(self) -> None:
+        for task in self._term_tasks:
+            task.cancel()
         await self.demand.stop()
         for watch in self._watches:
             await watch.stop()
@@ -253,6 +317,8 @@ class Controller:
         if self.fleet.set_policy(body):
             self.policies_changed()
         self.status_changed()
+        if LEGACY_FINALIZER in ((body.get("metadata") or {}).get("finalizers") or ()) and self.leading.is_set():
+            self._spawn(self._lift_legacy_finalizer(body))
 
     def policy_deleted(self, name: str) -> None:
         """Its GPUs fall to the next policy, or stay as they are (unmanaged)."""

@@ -9,6 +9,8 @@ up whenever what a policy asks for changes; a node decided in an older epoch doe
 as applied. After each pass it exports what the chart's alerts and dashboard read: the Degraded
 policies (``tessera_operator_policy_degraded``), GPUs per strategy and devices allocated and free
 (``fleetmetrics``); the pending claims' gauge is read from the fleet whenever it is scraped.
+With a ``gate`` (the Controller's ``leading``), a pass runs only while it is set, each time
+after the sweep of the current term; a pass the write fence refuses is due again next term.
 Not for: computing a status (``policystatus``, pure) or the decisions it counts (``decide``).
 """
 
@@ -26,6 +28,7 @@ from tessera.controller.decide import NodeDecision
 from tessera.controller.fleetmetrics import fleet_figures
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.state import Fleet
+from tessera.kube.fence import NotLeading
 from tessera.models.policy import SharingPolicy, SharingPolicyStatus
 
 log = structlog.get_logger("tessera.operator")
@@ -68,15 +71,19 @@ class PolicyStatusWriter:
     def changed(self) -> None:
         self._dirty.set()
 
-    async def run(self, swept: asyncio.Event) -> None:
-        await swept.wait()
+    async def run(self, swept: asyncio.Event, gate: asyncio.Event | None = None) -> None:
         while True:
             await self._dirty.wait()
             await asyncio.sleep(max(0.2, 10 * self._pass_cost))
+            if gate is not None:
+                await gate.wait()
+            await swept.wait()
             self._dirty.clear()
             try:
                 await self.write_all()
                 STATUS_PASSES.inc()
+            except NotLeading:
+                self._dirty.set()  # the next term writes it
             except Exception:  # keep the loop alive whatever one pass hit
                 log.exception("writing SharingPolicy status failed; will retry")
                 await asyncio.sleep(1.0)

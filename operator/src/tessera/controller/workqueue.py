@@ -7,6 +7,11 @@ may have come after the reconcile read the view); a node already waiting is not 
 ``sweep`` names the nodes known at start; :attr:`swept` is set once each has been reconciled
 once, so nothing that summarises the whole fleet runs on half of it.
 
+With a ``gate`` (the Controller's ``leading``), workers take nodes only while it is set, and
+a reconcile whose write was refused (``NotLeading``: the lease was lost meanwhile) brings its
+node back a second later, without counting a failure (by then the gate is shut, and the node
+waits for the next term).
+
 Not for: what a reconcile does (``runtime.Controller.reconcile``) or any API call.
 """
 
@@ -20,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import structlog
 from prometheus_client import Counter, Histogram
 
+from tessera.kube.fence import NotLeading
 from tessera.kube.http import ApiError
 
 log = structlog.get_logger("tessera.operator")
@@ -28,6 +34,7 @@ RECONCILES = Counter("tessera_operator_reconciles_total", "Node reconciles", ["r
 RECONCILE_SECONDS = Histogram("tessera_operator_reconcile_seconds", "Time to reconcile one node")
 
 RETRY_CAP = 60.0  # seconds: the longest wait before a failed node is tried again
+NOT_LEADING_RETRY = 1.0  # seconds before a node whose write the fence refused is looked at again
 
 
 def failure_backoff(failures: int) -> float:
@@ -38,8 +45,10 @@ def failure_backoff(failures: int) -> float:
 class WorkQueue:
     """Node names waiting for ``reconcile``, run by ``workers`` tasks."""
 
-    def __init__(self, reconcile: Callable[[str], Awaitable[None]], workers: int) -> None:
+    def __init__(self, reconcile: Callable[[str], Awaitable[None]], workers: int,
+                 gate: asyncio.Event | None = None) -> None:
         self._reconcile = reconcile
+        self._gate = gate
         self.workers = workers
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
@@ -77,7 +86,9 @@ class WorkQueue:
     def sweep(self, nodes: Iterable[str]) -> None:
         """The nodes known at start: :attr:`swept` is set once each has been reconciled."""
         self._unswept = set(nodes)
-        if not self._unswept:
+        if self._unswept:
+            self.swept.clear()
+        else:
             self.swept.set()
 
     def start(self) -> None:
@@ -94,12 +105,22 @@ class WorkQueue:
 
     async def _work(self) -> None:
         while True:
+            if self._gate is not None:
+                await self._gate.wait()
             node = await self._queue.get()
+            if self._gate is not None and not self._gate.is_set():  # shut while this worker waited
+                self._queue.put_nowait(node)  # still marked queued
+                continue
             self._queued.discard(node)
             self._active.add(node)
             started = time.perf_counter()
             try:
                 await self._reconcile(node)
+            except NotLeading:
+                if self._gate is None:
+                    self._retry(node, "not leading")
+                else:  # the gate shuts within a retry period of the fence; then the next term has it
+                    self.later(node, NOT_LEADING_RETRY)
             except ApiError as exc:
                 self._retry(node, f"API error {exc.status}: {exc.reason}")
             except Exception as exc:  # a bug must not stop the loop for every other node

@@ -5,7 +5,9 @@ SharingPolicy status) is handed here as ``(what, call)``. The gate is the seam f
 election: with two replicas, the one that does not hold (or cannot renew) the Lease must
 stop writing before anything else, and it does so by shutting this gate — the write is
 refused with :class:`NotLeading` and never sent, so the reconcile fails and is tried again
-later, while reads and the warm caches go on. With one replica the gate stays open.
+later, while reads and the warm caches go on. With one replica the gate stays open. The gate
+is the early check; the client's write fence (``tessera.kube.fence``, checked where a request
+meets the wire) is the one that holds even for a process frozen between the two.
 Not for: what to write (the Controller's rooms) or retrying (``workqueue``).
 """
 
@@ -17,12 +19,13 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from tessera.kube.fence import NotLeading
+
 API_WRITES = Counter("tessera_operator_api_writes_total", "API writes the operator made", ["what"])
 REFUSED_WRITES = Counter("tessera_operator_writes_refused_total", "Writes the gate refused (not leading)", ["what"])
 
 
-class NotLeading(Exception):  # noqa: N818 - a state, not an error: the reconcile is tried again later
-    """A write was refused: this operator may not write now."""
+__all__ = ["API_WRITES", "REFUSED_WRITES", "ApiWrites", "NotLeading", "always_open"]
 
 
 def always_open() -> bool:

@@ -7,7 +7,10 @@ JSON events; bookmarks are not passed on; a 410 Gone starts the watch again from
 state). Any answer outside 2xx raises ``ApiError`` with the
 apiserver's Status. Credentials come from a kubeconfig (server, CA, client certificate and
 key, bearer token or token file) or from the in-cluster service account, whose token file is
-read again when the kubelet rotates it.
+read again when the kubelet rotates it. A client given a ``WriteFence`` (``tessera.kube.fence``)
+checks it for every mutating request at the last moment before the request's bytes go out
+(when aiohttp has its connection and is about to write), and raises ``NotLeading`` instead of
+writing; ``on_write`` is told of every mutating request that does go out.
 
 It is Tessera's one Kubernetes client, so that neither the node agent nor the operator loads a
 library of a thousand API models to read a few kinds of object. Tokens and keys never appear in
@@ -25,7 +28,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +36,8 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import aiohttp
+
+from tessera.kube.fence import MUTATING_METHODS, NotLeading, WriteFence
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates projected tokens well before they expire
@@ -184,8 +189,11 @@ class KubeClient:
     open TLS connection costs a 128 KiB read buffer, so a pool that grows to every write a
     busy operator has in flight costs tens of MiB; a watch holds its connection while it runs."""
 
-    def __init__(self, credentials: Credentials, timeout_s: float = 300.0, connections: int = 32) -> None:
+    def __init__(self, credentials: Credentials, timeout_s: float = 300.0, connections: int = 32, *,
+                 fence: WriteFence | None = None, on_write: Callable[[str, str], None] | None = None) -> None:
         self.credentials = credentials
+        self.fence = fence  # mutating requests go out only while it is open
+        self.on_write = on_write  # (method, url) of each mutating request as it goes out
         self.timeout_s = timeout_s  # per request, unless a call says otherwise
         self.connections = connections
         self._ssl = credentials.ssl_context() if credentials.server.startswith("https") else False
@@ -197,10 +205,11 @@ class KubeClient:
         return f"KubeClient(server={self.credentials.server!r})"
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None) -> KubeClient:
+    def from_environment(cls, kubeconfig: str | None = None, *, fence: WriteFence | None = None,
+                         on_write: Callable[[str, str], None] | None = None) -> KubeClient:
         """A client for ``kubeconfig``, else ``$KUBECONFIG``, else the in-cluster account."""
         path = kubeconfig or os.environ.get("KUBECONFIG")
-        return cls(load_kubeconfig(path) if path else in_cluster_credentials())
+        return cls(load_kubeconfig(path) if path else in_cluster_credentials(), fence=fence, on_write=on_write)
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -320,19 +329,32 @@ class KubeClient:
     async def request(self, method: str, path: str, *, params: Mapping[str, Any] | None = None,
                       body: Any = None, content_type: str = "application/json",
                       timeout_s: float | None = None) -> dict[str, Any]:
-        """One call; the JSON answer as a dict. Raises ApiError outside 2xx."""
+        """One call; the JSON answer as a dict. Raises ApiError outside 2xx, NotLeading for a
+        write the fence refused."""
         timeout = aiohttp.ClientTimeout(total=timeout_s or self.timeout_s)
-        async with await self._send(method, path, params, body, content_type, timeout) as response:
-            data = await response.read()
-            if not 200 <= response.status <= 299:
-                raise ApiError.from_response(response.status, data)
+        if self.fence is not None:
+            self.fence.check(method, path)  # fail early; the last check is at the wire
+        try:
+            async with await self._send(method, path, params, body, content_type, timeout) as response:
+                data = await response.read()
+                if not 200 <= response.status <= 299:
+                    raise ApiError.from_response(response.status, data)
+        except aiohttp.ClientError as exc:
+            refused = _refused_by_fence(exc)  # aiohttp wraps what the body writer raised
+            if refused is not None:
+                raise refused from exc
+            raise
         answer: dict[str, Any] = json.loads(data) if data else {}
         return answer
 
     async def _send(self, method: str, path: str, params: Mapping[str, Any] | None, body: Any,
                     content_type: str | None, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
         if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections))
+            request_class = aiohttp.ClientRequest
+            if self.fence is not None or self.on_write is not None:
+                request_class = _fenced_request_class(self.fence, self.on_write)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections),
+                                                  request_class=request_class)
         headers = {"Accept": "application/json"}
         token = self._bearer_token()
         if token:
@@ -351,6 +373,49 @@ class KubeClient:
             self._token = Path(self.credentials.token_file).read_text().strip()
             self._token_read_at = time.monotonic()
         return self._token
+
+
+def _fenced_request_class(fence: WriteFence | None,
+                          on_write: Callable[[str, str], None] | None) -> type[aiohttp.ClientRequest]:
+    """aiohttp's request, checking ``fence`` where the request meets its connection: ``send``
+    (a request without a body goes out there) and the start of ``write_bytes`` (aiohttp holds
+    a request's headers back to send them with the first bytes of its body). Between either
+    check and the socket's write there is no await, so nothing of a refused write leaves the
+    process, however long it waited for a connection or was frozen before."""
+
+    def check(request: aiohttp.ClientRequest) -> None:
+        if fence is not None and request.method in MUTATING_METHODS:
+            fence.check(request.method, request.url)
+
+    class FencedRequest(aiohttp.ClientRequest):
+        async def send(self, conn: Any) -> aiohttp.ClientResponse:
+            check(self)
+            if on_write is not None and self.method in MUTATING_METHODS:
+                on_write(self.method, str(self.url))  # told once; the body's check may still refuse it
+            return await super().send(conn)
+
+        async def write_bytes(self, writer: Any, conn: Any, content_length: int | None = None) -> None:
+            try:
+                check(self)
+            except NotLeading as refused:  # fail the response that waits on this connection, as aiohttp would
+                conn.protocol.set_exception(aiohttp.ClientConnectionError(str(refused)), refused)
+                conn.close()
+                return
+            await super().write_bytes(writer, conn, content_length)
+
+    return FencedRequest
+
+
+def _refused_by_fence(error: BaseException) -> NotLeading | None:
+    """The NotLeading behind an aiohttp error, if the fence caused it."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, NotLeading):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 async def _json_lines(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, Any]]:

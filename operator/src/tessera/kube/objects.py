@@ -31,6 +31,13 @@ class Api:
     async def patch_node_layout_spec(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return await self.client.patch(resource_path(*LAYOUTS, name), {"spec": spec})
 
+    async def remove_policy_finalizer(self, body: dict[str, Any], finalizer: str) -> None:
+        """Take ``finalizer`` off a SharingPolicy, only from the version ``body`` is (409 otherwise)."""
+        meta = body["metadata"]
+        kept = [f for f in meta.get("finalizers") or [] if f != finalizer]
+        patch = {"metadata": {"finalizers": kept, "resourceVersion": meta["resourceVersion"]}}
+        await self.client.patch(resource_path(*POLICIES, meta["name"]), patch)
+
     async def patch_policy_status(self, name: str, status: dict[str, Any]) -> None:
         await self.client.patch(resource_path(*POLICIES, name, subresource="status"), {"status": status})
 

@@ -33,6 +33,7 @@ class TesseraProcess:
     log: Path
     metrics_port: int = 0
     health_port: int = 0
+    ready_port: int = 0
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -51,6 +52,28 @@ class TesseraProcess:
         if self.popen.poll() is None:
             self.popen.kill()
             self.popen.wait()
+
+    def freeze(self) -> None:
+        """SIGSTOP: the process stops where it is (a stalled VM, a long pause), sockets open."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after ``freeze``."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGCONT)
+
+    def role(self) -> str | None:
+        """An operator's ``/readyz``: "leader", "standby", "starting", or None when it does not answer."""
+        if not self.ready_port:
+            return None
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ready_port}/readyz", timeout=1) as response:
+                return str(response.read().decode().strip())
+        except urllib.error.HTTPError as error:
+            return str(error.read().decode().strip()) or None
+        except (urllib.error.URLError, OSError):
+            return None
 
     def tail(self, lines: int = 40) -> str:
         try:
@@ -97,7 +120,9 @@ class TesseraProcesses:
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / f"{name}.log"
         metrics, health_port = free_port(), (free_port() if health else 0)
-        ports = ["--metrics-port", str(metrics)] + (["--health-port", str(health_port)] if health else [])
+        ready_port = free_port() if health else 0
+        ports = ["--metrics-port", str(metrics)] + (
+            ["--health-port", str(health_port), "--ready-port", str(ready_port)] if health else [])
         environment = {
             **os.environ,
             "KUBECONFIG": str(self.cluster.kubeconfig),
@@ -110,12 +135,17 @@ class TesseraProcesses:
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
                 preexec_fn=_die_with_parent,  # runs between fork and exec
             )
-        process = TesseraProcess(name, popen, log, metrics, health_port)
+        process = TesseraProcess(name, popen, log, metrics, health_port, ready_port)
         self.processes.append(process)
         return process
 
     def operator(self, name: str = "operator", env: dict[str, str] | None = None) -> TesseraProcess:
-        return self._start(name, ["operator"], health=True, env=env)
+        """An operator replica. Its Lease lives in ``default`` (a bare cluster has no
+        ``tessera-system``); several replicas started here elect one leader between them."""
+        return self._start(name, ["operator"], health=True, env={"TESSERA_LEASE_NAMESPACE": "default", **(env or {})})
+
+    def operators(self) -> list[TesseraProcess]:
+        return [p for p in self.processes if p.ready_port]
 
     def node_folder(self, node: str) -> Path:
         """Where a node's agent keeps what a real node keeps under /var: the simulated GPUs'
