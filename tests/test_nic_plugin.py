@@ -23,6 +23,7 @@ from tessera.agent.nics.plugin import (
     NicPluginConfig,
     cdi_spec_path,
     device_ceilings,
+    device_cidrs,
     share_requests,
 )
 from tessera.agent.nics.report import clear_attach_failure, record_attach_failure
@@ -67,6 +68,21 @@ def test_the_ceiling_comes_from_the_devices_published_attribute() -> None:
     assert ceilings == {f"nic-{UPLINK}": 10**10}
     [share] = share_requests(_claim("uid-1", _result()), REF, NODE, NICS, ceilings)
     assert share.share.ceil_bps == 10**10
+
+
+def test_the_address_network_comes_from_the_devices_published_attribute() -> None:
+    published = [
+        {"spec": {"driver": "nic.tessera.dev", "devices": [
+            {"name": f"nic-{UPLINK}", "attributes": {"shareAddressCIDR": {"string": "10.20.0.0/24"}}},
+            {"name": "nic-other", "attributes": {}},
+        ]}},
+        {"spec": {"driver": "gpu.tessera.dev", "devices": [
+            {"name": "gpu-0", "attributes": {"shareAddressCIDR": {"string": "10.0.0.0/8"}}}]}},
+    ]  # fmt: skip
+    cidrs = device_cidrs(published)
+    assert cidrs == {f"nic-{UPLINK}": "10.20.0.0/24"}
+    [share] = share_requests(_claim("uid-1", _result()), REF, NODE, NICS, {}, cidrs)
+    assert (share.share.cidr, share.share.address) == ("10.20.0.0/24", None), "the family picks the address"
 
 
 def test_a_claims_share_takes_its_rate_from_consumed_capacity_and_its_id_from_share_id() -> None:

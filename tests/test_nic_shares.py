@@ -346,3 +346,29 @@ def test_in_a_container_the_hook_enters_the_agents_mount_namespace_by_the_pid_it
         "--target", "4242", "--mount", "--", "/usr/local/bin/tessera", "nic-attach",
         "--checkpoint", "/cp.json", "--claim", "uid-1",
     ]  # fmt: skip
+
+
+def test_shares_take_the_lowest_free_address_of_their_network_and_give_it_back(lab: Lab, tmp_path: Path) -> None:
+    family = _family(lab, tmp_path)
+    [a] = family.prepare("claim-a", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/24")])
+    [b] = family.prepare("claim-b", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/24")])
+    assert (a.address, b.address) == ("10.98.0.2/24", "10.98.0.3/24"), "the first host address is the gateway's"
+    family.unprepare("claim-a")
+    [c] = family.prepare("claim-c", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/24")])
+    assert c.address == "10.98.0.2/24"
+    family.unprepare("claim-b")
+    family.unprepare("claim-c")
+
+
+def test_a_network_with_no_free_address_refuses_the_claim_and_makes_nothing(lab: Lab, tmp_path: Path) -> None:
+    family = _family(lab, tmp_path)
+    baseline = _state(lab)
+    [only] = family.prepare("claim-a", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/30")])
+    assert only.address == "10.98.0.2/30"
+    with_one = _state(lab)
+    with pytest.raises(ShapingError, match=r"no free address left in 10\.98\.0\.0/30"):
+        family.prepare("claim-b", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/30")])
+    assert _state(lab) == with_one
+    assert [s.claim_uid for s in family.shares()] == ["claim-a"]
+    family.unprepare("claim-a")
+    assert _state(lab) == baseline

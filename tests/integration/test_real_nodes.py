@@ -51,6 +51,7 @@ AGENT_FLAGS = ["--health-recovery-seconds", "10"]
 # a namespace of this run playing the fabric; names unique per run (other runs share the machine).
 _RUN = uuid.uuid4().hex[:6]
 UPLINK, FABRIC_END, FABRIC_NETNS = f"tu{_RUN}", f"tf{_RUN}", f"tessera-fabric-{_RUN}"
+FABRIC_NETWORK, FABRIC_GATEWAY = "10.97.0.0/24", "10.97.0.1"  # shares get .2, .3, ... (spec.addresses)
 # The CDI hook runs on the node's host (the runtime's namespaces): this checkout's tessera command.
 HOOK = str(Path(sys.executable).parent / "tessera")
 NIC_FLAGS = {NODE_B: ["--nic-interfaces", UPLINK, "--nic-attach-executable", HOOK]}
@@ -134,6 +135,7 @@ def make_fabric() -> None:
     for argv in (["ip", "netns", "add", FABRIC_NETNS],
                  ["ip", "link", "add", UPLINK, "type", "veth", "peer", "name", FABRIC_END],
                  ["ip", "link", "set", FABRIC_END, "netns", FABRIC_NETNS],
+                 ["ip", "-n", FABRIC_NETNS, "addr", "add", f"{FABRIC_GATEWAY}/24", "dev", FABRIC_END],
                  ["ip", "-n", FABRIC_NETNS, "link", "set", FABRIC_END, "up"],
                  ["ip", "link", "set", UPLINK, "up"]):
         subprocess.run(argv, check=True, capture_output=True, text=True)
@@ -468,7 +470,8 @@ def nic_policy() -> dict[str, Any]:
         "kind": "NetworkSharingPolicy",
         "metadata": {"name": "real-nic"},
         "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": NODE_B}}, "interfaces": [UPLINK],
-                 "lineRate": "10G", "share": {"default": "1G", "min": "1G", "step": "1G"}},
+                 "lineRate": "10G", "share": {"default": "1G", "min": "1G", "step": "1G"},
+                 "addresses": {"cidr": FABRIC_NETWORK}},
     }
 
 
@@ -489,7 +492,8 @@ def _host_share_pieces(shaper: UplinkShaper) -> dict[str, Any]:
 NOTHING = {"uplink classes": set(), "ifb classes": set(), "uplink filters": set(), "ifb filters": set(),
            "macvlans": set(), "ifb": False}
 # The container's first act is to list its interfaces.
-SHOW_INTERFACES = ["sh", "-c", "ls /sys/class/net; ip -o link; echo ready; exec sleep 600"]
+SHOW_INTERFACES = ["sh", "-c", "ls /sys/class/net; ip -o link; ip -o -4 addr show net1; "
+                   f"ping -c 1 -W 5 {FABRIC_GATEWAY} >/dev/null && echo fabric reached; echo ready; exec sleep 600"]
 
 
 async def test_a_nic_share_pod_sees_net1_at_its_first_instruction_and_leaves_nothing_behind(
@@ -515,6 +519,13 @@ async def test_a_nic_share_pod_sees_net1_at_its_first_instruction_and_leaves_not
     [net1] = [line for line in printed if re.match(r"\d+: net1@", line)]
     assert share_mac(uid, result["shareID"]) in net1, net1
     assert ",UP" in net1, net1
+    assert any(re.match(r"\d+: net1\s+inet 10\.97\.0\.2/24", line) for line in printed), printed  # spec.addresses
+    assert "fabric reached" in printed, "net1 carries the Pod's traffic over the uplink"
+    [entry] = [d for d in get(real, "resourceclaim", claim, "-n", namespace)["status"]["devices"]
+               if d["driver"] == NIC_DRIVER]
+    assert entry["networkData"] == {"interfaceName": "net1", "hardwareAddress": share_mac(uid, result["shareID"]),
+                                    "ips": ["10.97.0.2/24"]}
+    assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
     here = host_share_pieces(shaper)
     [minor] = here["uplink classes"]
     assert here == {**NOTHING, "uplink classes": {minor}, "ifb classes": {minor},

@@ -37,7 +37,7 @@ from tessera.agent.nics.report import attach_failures, clear_attach_failure, sha
 from tessera.agent.nics.shaping import Share
 from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, ClaimStatusWriter
 from tessera.agent.plugin.proto import dra_v1_pb2, pluginregistration_v1_pb2
-from tessera.dra.nics import BANDWIDTH_CAPACITY, CEILING_ATTRIBUTE, NIC_DRIVER, nic_device_name
+from tessera.dra.nics import ADDRESSES_ATTRIBUTE, BANDWIDTH_CAPACITY, CEILING_ATTRIBUTE, NIC_DRIVER, nic_device_name
 from tessera.kube.http import KubeClient, resource_path
 from tessera.models.nics import NicStatus
 from tessera.models.quantity import parse_quantity
@@ -69,9 +69,11 @@ def share_requests(
     node: str,
     nics: Sequence[NicStatus],
     ceilings: Mapping[str, int] | None = None,
+    cidrs: Mapping[str, str] | None = None,
 ) -> list[AllocatedShare]:
     """The NIC shares ``claim`` holds on ``node``, each with its device's ceiling (``ceilings``:
-    device name -> bits per second); ClaimError says why there are none to make."""
+    device name -> bits per second) and address network (``cidrs``: device name -> CIDR);
+    ClaimError says why there are none to make."""
     if claim.get("metadata", {}).get("uid") != ref.uid:
         raise ClaimError(f"ResourceClaim {ref} was deleted and created again; the Pod must be recreated")
     allocation = (claim.get("status") or {}).get("allocation")
@@ -94,8 +96,9 @@ def share_requests(
         share_id = str(result.get("shareID") or result.get("request"))
         device = str(result.get("device"))
         request = ShareRequest(
-            share_id, nic.interface, parse_quantity(str(bandwidth)), ceil_bps=(ceilings or {}).get(device)
-        )
+            share_id, nic.interface, parse_quantity(str(bandwidth)), ceil_bps=(ceilings or {}).get(device),
+            cidr=(cidrs or {}).get(device),
+        )  # fmt: skip
         shares.append(AllocatedShare(str(result.get("request", "")).split("/", 1)[0], str(result["device"]), request))
     return shares
 
@@ -111,6 +114,20 @@ def device_ceilings(slices: Sequence[Mapping[str, Any]]) -> dict[str, int]:
             ceiling = (device.get("attributes") or {}).get(CEILING_ATTRIBUTE, {}).get("int")
             if isinstance(ceiling, int):
                 out[str(device["name"])] = ceiling
+    return out
+
+
+def device_cidrs(slices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Device name -> the network its shares' addresses come from (``shareAddressCIDR``), for our driver's slices."""
+    out: dict[str, str] = {}
+    for resource_slice in slices:
+        spec = resource_slice.get("spec") or {}
+        if spec.get("driver") != NIC_DRIVER:
+            continue
+        for device in spec.get("devices") or []:
+            cidr = (device.get("attributes") or {}).get(ADDRESSES_ATTRIBUTE, {}).get("string")
+            if isinstance(cidr, str):
+                out[str(device["name"])] = cidr
     return out
 
 
@@ -208,8 +225,10 @@ class NicKubeletPlugin:
             claim = await self.reader.read_claim(ref.namespace, ref.name)
             if claim is None:
                 raise ClaimError(f"ResourceClaim {ref} does not exist")
-            ceilings = device_ceilings(await self._slices.node_slices(self.config.node_name)) if self._slices else {}
-            shares = share_requests(claim, ref, self.config.node_name, self.nics(), ceilings)
+            slices = await self._slices.node_slices(self.config.node_name) if self._slices else []
+            shares = share_requests(
+                claim, ref, self.config.node_name, self.nics(), device_ceilings(slices), device_cidrs(slices)
+            )
             made: list[Share] = await self._blocking(self.family.prepare, ref.uid, [s.share for s in shares])
             pid_file = self.config.agent_pid_file if self.config.hook_in_agent_namespace else None
             hook = attach_hook(ref.uid, self.config.checkpoint, self.config.hook_executable, pid_file)

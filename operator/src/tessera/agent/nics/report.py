@@ -81,6 +81,10 @@ def share_status_entries(
             "driver": NIC_DRIVER, "pool": pool, "device": device, "shareID": share.share_id,
             "conditions": [{**condition, "lastTransitionTime": now}],
             "data": {"interface": POD_INTERFACE, "mac": share.mac, "uplink": share.uplink,
-                     "rateBps": share.rate_bps, "ceilBps": share.ceil_bps},
+                     "rateBps": share.rate_bps, "ceilBps": share.ceil_bps,
+                     **({"address": share.address} if share.address else {})},
+            # DRA's own place for a network device: what the Pod's interface is called and has.
+            "networkData": {"interfaceName": POD_INTERFACE, "hardwareAddress": share.mac,
+                            **({"ips": [share.address]} if share.address else {})},
         })  # fmt: skip
     return entries
