@@ -191,7 +191,7 @@ def test_agent_mounts_only_the_host_paths_the_code_uses() -> None:
     for name, path in host_paths.items():
         assert mounts[name] == path, "host paths appear at the same path inside, so CDI specs name host paths"
     assert "/dev" not in host_paths.values(), "a privileged container already sees the GPU device nodes"
-    assert "hostIPC" not in pod
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod)
 
 
 def make_nic_plugin_config(env: dict[str, Any]) -> Any:
@@ -207,14 +207,19 @@ def make_nic_plugin_config(env: dict[str, Any]) -> Any:
         return make_nic_plugin_config(parser.parse_args([]))
 
 
-def test_the_agent_shapes_nics_in_the_hosts_network_and_its_hook_enters_it_by_host_pid() -> None:
+def test_the_shared_nics_patch_puts_the_agent_in_the_hosts_network_and_its_hook_enters_it_by_host_pid() -> None:
     pod = agent_pod()
-    assert pod["hostNetwork"] is True, "shares' macvlans, classes and filters live in the host's namespace"
-    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    assert pod["hostPID"] is True, "the attach hook enters the agent by the pid it writes"
+    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod), "off by default: the patch turns it on"
+    patch = yaml.safe_load((ROOT / "e2e" / "local" / "shared-nics-agent.yaml").read_text())["spec"]["template"]["spec"]
+    assert patch["hostNetwork"] is True, "shares' macvlans, classes and filters live in the host's namespace"
+    assert patch["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert patch["hostPID"] is True, "the attach hook enters the agent by the pid it writes"
     (container,) = pod["containers"]
-    config = make_nic_plugin_config(env_of(container))
+    (patched,) = patch["containers"]
+    assert patched["name"] == container["name"]
+    config = make_nic_plugin_config({**env_of(container), **env_of(patched)})
     assert config.hook_in_agent_namespace is True
+    assert make_nic_plugin_config(env_of(container)).hook_in_agent_namespace is False
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert str(config.agent_pid_file.parent) in mounts
     assert str(config.checkpoint.parent) in mounts
