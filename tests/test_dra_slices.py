@@ -9,7 +9,6 @@ import pytest
 
 from tessera import DRIVER_NAME
 from tessera.dra.devices import GpuDevices
-from tessera.dra.limits import validate_pool
 from tessera.dra.slices import (
     NodeRef,
     build_node_slices,
@@ -20,6 +19,7 @@ from tessera.dra.slices import (
 from tessera.models.catalog import MODELS
 from tessera.models.layout import Health, NodeLayoutStatus
 from tests.dra_gpus import NODE_UID, dynamic_gpu, every_strategy, gpu, mig_gpu
+from tests.dra_limits import validate_pool
 
 NODE = NodeRef("gpu-node-1", NODE_UID)
 

@@ -227,7 +227,8 @@ RBAC_MATRIX = [
     (OPERATOR_SA, "delete", "resourceslices.resource.k8s.io", [], True),
     (OPERATOR_SA, "create", "pods", ["--subresource=eviction", "-n", "team-a"], True),
     (OPERATOR_SA, "create", "events", ["-n", "default"], True),
-    (OPERATOR_SA, "create", "events", ["-n", INSTALL_NAMESPACE], False),  # Kopf posts no events any more
+    # Events go on claims in their own namespaces (adaptive recuts, claims on missing devices)
+    (OPERATOR_SA, "create", "events", ["-n", "team-a"], True),
     (OPERATOR_SA, "create", "leases.coordination.k8s.io", ["-n", INSTALL_NAMESPACE], True),
     (OPERATOR_SA, "update", "leases.coordination.k8s.io/tessera-operator", ["-n", INSTALL_NAMESPACE], True),
     (OPERATOR_SA, "watch", "leases.coordination.k8s.io/tessera-operator", ["-n", INSTALL_NAMESPACE], True),
@@ -241,7 +242,6 @@ RBAC_MATRIX = [
     (OPERATOR_SA, "delete", "nodelayouts.tessera.dev", [], False),
     (OPERATOR_SA, "patch", "nodes", [], False),
     (OPERATOR_SA, "delete", "pods", ["-n", "team-a"], False),
-    (OPERATOR_SA, "create", "events", ["-n", "kube-system"], False),
     (OPERATOR_SA, "update", "resourceclaims.resource.k8s.io", ["--subresource=status", "-n", "team-a"], False),
     (OPERATOR_SA, "create", "deviceclasses.resource.k8s.io", [], False),
     (OPERATOR_SA, "get", "secrets", ["-n", INSTALL_NAMESPACE], False),
@@ -259,7 +259,11 @@ RBAC_MATRIX = [
     (AGENT_SA, "patch", "nodelayouts.tessera.dev", ["--subresource=status"], False),
     (AGENT_SA, "create", "resourceslices.resource.k8s.io", [], False),
     (AGENT_SA, "list", "resourceclaims.resource.k8s.io", ["--all-namespaces"], True),
-    (AGENT_SA, "watch", "resourceclaims.resource.k8s.io", ["--all-namespaces"], False),
+    (AGENT_SA, "watch", "resourceclaims.resource.k8s.io", ["--all-namespaces"], True),  # the claim guard's view
+    (AGENT_SA, "create", "resourceclaims.resource.k8s.io", ["-n", INSTALL_NAMESPACE], True),  # its fence claim
+    (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["-n", INSTALL_NAMESPACE], True),
+    (AGENT_SA, "create", "resourceclaims.resource.k8s.io", ["-n", "team-a"], False),
+    (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["-n", "team-a"], False),
     (AGENT_SA, "update", "resourceclaims.resource.k8s.io", ["--subresource=status", "-n", "team-a"], False),
     (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["--subresource=status", "-n", "team-a"], True),
     (AGENT_SA, "associated-node:patch", "resourceclaims.resource.k8s.io/gpu.tessera.dev",

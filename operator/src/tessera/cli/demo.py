@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from tessera import DRIVER_NAME
 from tessera.cli.kubelet_standin import ClaimRef, prepare
 from tessera.dra.deviceclasses import device_classes
 from tessera.localcluster import LocalCluster, LocalClusterError, ensure_binaries
@@ -39,6 +40,7 @@ from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.processes import TesseraProcesses
 from tessera.localcluster.workloads import claim_template, pod_with_claim, show_devices_args
+from tessera.models.allocation import allocation_results
 from tessera.models.attributes import COMPUTE_CAPACITY, MEMORY_CAPACITY
 from tessera.models.crd import crds
 from tessera.models.quantity import format_bytes, parse_quantity
@@ -375,11 +377,7 @@ def _prepare_like_the_kubelet(target: Any, processes: TesseraProcesses, nodes: l
 def _wait_agents_caught_up(target: Any, nodes: list[str], timeout: float) -> None:
     """Until the agents report every DynamicMIG instance their plugins made at prepare time."""
     claims = target.get_json("resourceclaims", "-n", NAMESPACE)["items"]
-    wanted = sum(
-        "-dyn-" in r["device"]
-        for c in claims
-        for r in (c.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
-    )
+    wanted = sum("-dyn-" in r.device for c in claims for r in allocation_results(c, DRIVER_NAME))
     deadline = time.monotonic() + timeout
     while True:
         layouts = [n for n in target.get_json("nodelayouts")["items"] if n["metadata"]["name"] in nodes]
@@ -413,10 +411,10 @@ def picture(target: Any, nodes: list[str]) -> str:
     users: dict[tuple[str, str], list[str]] = {}
     for claim in claims:
         owner = next((r["name"] for r in claim["metadata"].get("ownerReferences", []) if r["kind"] == "Pod"), "?")
-        for result in (claim.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", []):
-            consumed = result.get("consumedCapacity") or {}
+        for result in allocation_results(claim, DRIVER_NAME, include_admin_access=True):
+            consumed = result.consumed_capacity
             extra = ", ".join(f"{k} {_quantity_text(k, v)}" for k, v in sorted(consumed.items()))
-            users.setdefault((result["pool"], result["device"]), []).append(
+            users.setdefault(result.key, []).append(
                 f"{owner}" + (f" ({extra})" if extra else "")
             )
     lines = []

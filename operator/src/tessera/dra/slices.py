@@ -26,13 +26,14 @@ from typing import Any
 
 from tessera import RESOURCE_API_VERSION
 from tessera.dra.devices import DRIVER, Device, GpuDevices, build_gpu_devices
-from tessera.dra.limits import MAX_DEVICES, MAX_DEVICES_WITH_ADVANCED_FEATURES
 from tessera.models.layout import GpuStatus, NodeLayoutStatus
 
 KIND = "ResourceSlice"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "tessera"
 MAX_NAME = 253
+MAX_DEVICES = 128  # per slice (resource.k8s.io/v1)
+MAX_DEVICES_WITH_ADVANCED_FEATURES = 64  # when any device has taints or consumes counters
 
 ResourceSlice = dict[str, Any]
 
