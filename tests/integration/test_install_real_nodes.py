@@ -204,7 +204,11 @@ async def test_the_installed_agent_pod_attaches_a_nic_share_through_its_hook_on_
         try:
             printed = await wait_for(started, timeout=120, interval=1, message="nic-0 Running")
         except TimeoutError as error:
-            raise AssertionError(f"{error}\n{waiting_reasons(cluster, namespace)}") from error
+            pod_status = json.dumps(cluster.get_json("pod", "nic-0", "-n", namespace).get("status"))[:1500]
+            events = cluster.kubectl("get", "events", "-n", namespace, check=False).stdout[-1500:]
+            agent = cluster.kubectl("-n", INSTALL_NAMESPACE, "logs", "daemonset/tessera-agent", "--tail=15",
+                                    check=False).stdout[-3000:]
+            raise AssertionError(f"{error}\n{pod_status}\n{events}\n{agent}") from error
         assert sorted(printed.split()) == ["eth0", "lo", "net1", "ready"], printed
         cluster.kubectl("delete", "namespace", namespace, "--timeout=90s")
         [shown] = await asyncio.to_thread(_run_each, ["tc", "class", "show", "dev", uplink])
