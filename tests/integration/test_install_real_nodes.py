@@ -169,7 +169,8 @@ async def test_the_installed_agent_pod_attaches_a_nic_share_through_its_hook_on_
     uplink, far_end, fabric = f"ti{suffix}", f"tj{suffix}", f"tessera-ifab-{suffix}"
     await asyncio.to_thread(_run_each, ["ip", "netns", "add", fabric],
                             ["ip", "link", "add", uplink, "type", "veth", "peer", "name", far_end],
-                            ["ip", "link", "set", far_end, "netns", fabric], ["ip", "link", "set", uplink, "up"])
+                            ["ip", "link", "set", far_end, "netns", fabric], ["ip", "link", "set", uplink, "up"],
+                            ["ip", "-n", fabric, "link", "set", far_end, "up"])  # else the uplink is down: tainted
     namespace = f"nic-{suffix}"
     try:
         cluster.kubectl("-n", INSTALL_NAMESPACE, "patch", "daemonset", "tessera-agent",
