@@ -20,6 +20,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m pip install --no-index --find-links /wheels tessera \
     && python -m compileall -q "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+# iproute2's `tc`: the agent writes shared NICs' MAC filters with it (tessera.agent.nics.shaping).
+RUN apt-get update -qq \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 \
+    && rm -rf /var/lib/apt/lists/*
 # Non-root by default (distroless's "nonroot" uid). The agent DaemonSet runs as root on purpose
 # (host folders of the kubelet; NVML), see manifests/agent.yaml. The uid needs a passwd entry:
 # Kopf names its peering identity after the user (getpass.getuser()), which fails without one.

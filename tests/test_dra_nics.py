@@ -145,3 +145,10 @@ def test_the_policys_ceiling_is_published_for_the_plugin_capped_at_the_rate() ->
     assert nic_device(capped)["attributes"]["shareCeilingBps"] == {"int": 5 * 10**9}
     [plain] = choose_shared_nics([_policy()], {}, [UPLINK]).shared
     assert "shareCeilingBps" not in nic_device(plain)["attributes"]
+
+
+def test_the_policys_address_network_is_published_for_the_plugin() -> None:
+    [addressed] = choose_shared_nics([_policy(addresses={"cidr": "10.20.0.0/24"})], {}, [UPLINK]).shared
+    assert nic_device(addressed)["attributes"]["shareAddressCIDR"] == {"string": "10.20.0.0/24"}
+    [plain] = choose_shared_nics([_policy()], {}, [UPLINK]).shared
+    assert "shareAddressCIDR" not in nic_device(plain)["attributes"], "no addresses: L2 use"

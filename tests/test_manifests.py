@@ -5,6 +5,7 @@ them is tests/integration/test_install.py's job."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 import stat
@@ -20,6 +21,7 @@ import tessera
 from tessera import INSTALL_NAMESPACE
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_REGISTRY_DIR, PluginConfig
+from tessera.dra.nics import NIC_DRIVER
 from tessera.manifests import (
     HAND_WRITTEN_PARTS,
     IMAGE_REPOSITORY,
@@ -179,6 +181,7 @@ def test_agent_mounts_only_the_host_paths_the_code_uses() -> None:
     expected = {
         str(DEFAULT_REGISTRY_DIR),  # registration socket
         str(PluginConfig(node_name="n").plugin_folder),  # DRA socket, checkpoint
+        str(make_nic_plugin_config(env).plugin_dir),  # the NIC plugin's sockets, checkpoint, agent.pid
         str(DEFAULT_CDI_DIR),  # CDI specs
         env["TESSERA_MPS_ROOT"],  # MPS pipes, mounted into workloads by path
         str(Path(env["TESSERA_STATE_FILE"]).parent),  # the simulated hardware
@@ -208,6 +211,37 @@ def test_mps_daemons_run_in_a_pod_of_their_own_that_a_rollout_of_the_agent_leave
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
     assert host_paths == {"mps": agent_root}
     assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["mps"] == agent_root
+
+
+def make_nic_plugin_config(env: dict[str, Any]) -> Any:
+    """The NIC plugin's config as the agent builds it from the DaemonSet's environment."""
+    from tessera.cli.agent import add_arguments, make_nic_plugin_config
+
+    with pytest.MonkeyPatch.context() as patch:  # the flags' defaults are read from the environment
+        for name, value in env.items():
+            if isinstance(value, str):
+                patch.setenv(name, value)
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        return make_nic_plugin_config(parser.parse_args([]))
+
+
+def test_the_shared_nics_patch_puts_the_agent_in_the_hosts_network_and_its_hook_enters_it_by_host_pid() -> None:
+    pod = agent_pod()
+    assert "hostNetwork" not in pod, "off by default: the patch turns it on"
+    patch = yaml.safe_load((ROOT / "e2e" / "local" / "shared-nics-agent.yaml").read_text())["spec"]["template"]["spec"]
+    assert patch["hostNetwork"] is True, "shares' macvlans, classes and filters live in the host's namespace"
+    assert patch["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert patch["hostPID"] is True, "the attach hook enters the agent by the pid it writes"
+    (container,) = pod["containers"]
+    (patched,) = patch["containers"]
+    assert patched["name"] == container["name"]
+    config = make_nic_plugin_config({**env_of(container), **env_of(patched)})
+    assert config.hook_in_agent_namespace is True
+    assert make_nic_plugin_config(env_of(container)).hook_in_agent_namespace is False
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert str(config.agent_pid_file.parent) in mounts
+    assert str(config.checkpoint.parent) in mounts
 
 
 def test_agent_runs_on_gpu_nodes_with_its_node_name_and_a_backend_switch() -> None:
@@ -364,7 +398,7 @@ def test_agent_cannot_write_specs_slices_or_other_objects() -> None:
     assert agent[("resource.k8s.io", "resourceclaims/status")] == {"patch"}
     assert agent[("resource.k8s.io", "resourceclaims/driver")] == {"associated-node:patch"}
     (driver_rule,) = [r for r in rules("ClusterRole", "tessera-agent") if "resourceclaims/driver" in r["resources"]]
-    assert driver_rule["resourceNames"] == [tessera.DRIVER_NAME], "its own driver's entries, nobody else's"
+    assert driver_rule["resourceNames"] == [tessera.DRIVER_NAME, NIC_DRIVER], "its drivers' entries, nobody else's"
     operator = operator_grants()
     assert "nodelayouts/status" not in {r for _, r in operator}, "status is the agent's"
     assert operator[("", "events")] == {"create"}

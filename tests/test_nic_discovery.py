@@ -3,6 +3,7 @@ spec (tessera.agent.nics.simulated), beside the simulated GPUs on the same PCIe 
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tessera.agent.backends.simstate import board_slot, parse_simulate_spec
 from tessera.agent.nics.simulated import simulated_nics
 from tessera.agent.nics.spec import is_nic_item, nic_items
 from tessera.agent.nics.sysfs import discover_nics, read_nic
+from tessera.cli.agent import add_arguments, make_nic_inventory
 from tessera.dra.nics import choose_shared_nics, nic_device
 from tessera.models.network import NetworkSharingPolicy
 from tessera.models.nics import LinkState
@@ -120,3 +122,21 @@ def test_an_uplink_that_goes_down_or_away_taints_its_device_and_the_taint_clears
     assert nic_device(shared)["taints"] == [{"key": "nic.tessera.dev/link", "value": "Absent", "effect": "NoSchedule"}]
     link.symlink_to(target)
     assert taints() == []
+
+
+def _agent_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--node-name", "n1", *argv])
+
+
+def test_simulated_gpus_beside_a_named_real_interface_report_that_interface_from_sysfs() -> None:
+    """A real node of the tests: simulated GPUs, and a veth standing in for its NIC."""
+    assert make_nic_inventory(_agent_args("--simulate", "1xH100-80GB")) is None, "no NIC named: no NIC family"
+    simulated = make_nic_inventory(_agent_args("--simulate", "1xH100-80GB,NIC-100G", "--nic-interfaces", "x0"))
+    assert simulated is not None
+    assert [n.interface for n in simulated()] == ["simnic0"], "the spec's NICs win over named ones"
+    named = make_nic_inventory(_agent_args("--simulate", "1xH100-80GB", "--nic-interfaces", "tessera-none0"))
+    assert named is not None
+    [absent] = [n for n in named() if n.interface == "tessera-none0"]
+    assert absent.link is LinkState.ABSENT

@@ -8,7 +8,7 @@ import asyncio
 import ctypes
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,10 @@ from tessera.agent.nics.plugin import (
     NicPluginConfig,
     cdi_spec_path,
     device_ceilings,
+    device_cidrs,
     share_requests,
 )
+from tessera.agent.nics.report import clear_attach_failure, record_attach_failure
 from tessera.agent.nics.shaping import UplinkShaper
 from tessera.agent.plugin.claims import ClaimError, ClaimRef
 from tessera.agent.plugin.proto import dra_v1_pb2, dra_v1_pb2_grpc, pluginregistration_v1_pb2
@@ -66,6 +68,21 @@ def test_the_ceiling_comes_from_the_devices_published_attribute() -> None:
     assert ceilings == {f"nic-{UPLINK}": 10**10}
     [share] = share_requests(_claim("uid-1", _result()), REF, NODE, NICS, ceilings)
     assert share.share.ceil_bps == 10**10
+
+
+def test_the_address_network_comes_from_the_devices_published_attribute() -> None:
+    published = [
+        {"spec": {"driver": "nic.tessera.dev", "devices": [
+            {"name": f"nic-{UPLINK}", "attributes": {"shareAddressCIDR": {"string": "10.20.0.0/24"}}},
+            {"name": "nic-other", "attributes": {}},
+        ]}},
+        {"spec": {"driver": "gpu.tessera.dev", "devices": [
+            {"name": "gpu-0", "attributes": {"shareAddressCIDR": {"string": "10.0.0.0/8"}}}]}},
+    ]  # fmt: skip
+    cidrs = device_cidrs(published)
+    assert cidrs == {f"nic-{UPLINK}": "10.20.0.0/24"}
+    [share] = share_requests(_claim("uid-1", _result()), REF, NODE, NICS, {}, cidrs)
+    assert (share.share.cidr, share.share.address) == ("10.20.0.0/24", None), "the family picks the address"
 
 
 def test_a_claims_share_takes_its_rate_from_consumed_capacity_and_its_id_from_share_id() -> None:
@@ -120,7 +137,9 @@ async def test_prepare_and_unprepare_over_the_dra_socket_make_and_remove_the_sha
     family = NicFamily(config.checkpoint, UplinkShaper())
     executor = ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(f"/run/netns/{lab.host}",))
     claims = _Claims({"good": _claim("uid-good", _result()), "bad": _claim("uid-bad", _result(device="nic-eth9"))})
-    plugin = NicKubeletPlugin(config, family, claims, lambda: NICS, executor, slices=_Slices())
+    status = _Status()
+    plugin = NicKubeletPlugin(config, family, claims, lambda: NICS, executor, slices=_Slices(), status=status,
+                              failure_poll_seconds=0.05)
     before = await asyncio.to_thread(lab.tc_state)  # pyroute2 runs a loop of its own: not on this one
     await plugin.start()
     try:
@@ -147,6 +166,19 @@ async def test_prepare_and_unprepare_over_the_dra_socket_make_and_remove_the_sha
             assert hook["args"][-2:] == ["--claim", "uid-good"]
             assert "rate 2Gbit ceil 10Gbit" in lab.run(lab.host, "tc", "class", "show", "dev", UPLINK).stdout
             assert [s.claim_uid for s in family.shares()] == ["uid-good"]
+            [entry] = status.last("uid-good")
+            assert (entry["driver"], entry["device"]) == ("nic.tessera.dev", f"nic-{UPLINK}")
+            assert entry["shareID"] == share_id
+            assert entry["conditions"][0]["status"] == "True"
+            assert entry["data"]["mac"] == family.shares()[0].mac
+            assert "uid-bad" not in status.writes, "a claim not prepared has nothing to report"
+
+            # The attach hook's failure report becomes the claim's condition, and its success undoes it.
+            record_attach_failure(config.checkpoint, "uid-good", "cannot move into /proc/9/ns/net")
+            await _until(lambda: status.last("uid-good")[0]["conditions"][0]["reason"] == "AttachFailed")
+            assert status.last("uid-good")[0]["conditions"][0]["message"] == "cannot move into /proc/9/ns/net"
+            clear_attach_failure(config.checkpoint, "uid-good")
+            await _until(lambda: status.last("uid-good")[0]["conditions"][0]["reason"] == "Prepared")
 
             unprepare = dra_v1_pb2.NodeUnprepareResourcesRequest(
                 claims=[dra_v1_pb2.Claim(namespace="ns", name="good", uid="uid-good")]
@@ -155,10 +187,31 @@ async def test_prepare_and_unprepare_over_the_dra_socket_make_and_remove_the_sha
         assert not cdi_spec_path(config.cdi_dir, "uid-good").exists()
         assert await asyncio.to_thread(lab.tc_state) == before
         assert family.shares() == []
+        assert status.last("uid-good") == [], "unprepare clears the claim's NIC entries"
     finally:
         await plugin.stop()
         executor.shutdown()
     assert not config.dra_socket.exists()
+
+
+class _Status:
+    """Records the claim device status the plugin writes, per claim UID."""
+
+    def __init__(self) -> None:
+        self.writes: dict[str, list[list[dict[str, Any]]]] = {}
+
+    async def write_device_status(self, ref: ClaimRef, devices: Sequence[dict[str, Any]]) -> None:
+        self.writes.setdefault(ref.uid, []).append(list(devices))
+
+    def last(self, uid: str) -> list[dict[str, Any]]:
+        return self.writes[uid][-1]
+
+
+async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not in time"
+        await asyncio.sleep(0.02)
 
 
 def _enter_netns(path: str) -> None:

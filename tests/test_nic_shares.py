@@ -6,9 +6,11 @@ that a failure replays."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from tessera.agent.nics.family import (
     load_checkpoint,
     save_checkpoint,
 )
+from tessera.agent.nics.report import attach_failures
 from tessera.agent.nics.shaping import POD_INTERFACE, ShapingError, Share, UplinkShaper, host_link_name, ifb_name
 from tests.nic_lab import FABRIC_ADDRESS, UPLINK, Lab, network_lab
 
@@ -135,6 +138,28 @@ def test_a_share_is_attached_as_net1_shaped_both_ways_and_unprepare_leaves_nothi
     family.unprepare("claim-a")  # again: nothing to do
     assert _state(lab) == baseline
     assert load_checkpoint(tmp_path / "nic-checkpoint.json").shares == {}
+
+
+def test_a_container_in_the_hosts_network_namespace_is_refused_and_the_share_stays_as_prepared(
+    lab: Lab, tmp_path: Path
+) -> None:
+    family = _family(lab, tmp_path)
+    family.prepare("claim-h", [ShareRequest("s0", UPLINK, 2 * GBIT)])
+    prepared = _state(lab)
+    host_process = _pod_process(lab, lab.host)  # a hostNetwork Pod's container shares the host's namespace
+    try:
+        for _ in range(500):  # until `ip netns exec` has entered the namespace
+            if os.stat(f"/proc/{host_process.pid}/ns/net").st_ino == os.stat(f"/run/netns/{lab.host}").st_ino:
+                break
+            time.sleep(0.01)
+        with pytest.raises(ShapingError, match="host's network namespace"):
+            attach_from_runtime_state(family, "claim-h", json.dumps({"pid": host_process.pid}))
+    finally:
+        host_process.kill()
+        host_process.wait()
+    assert _state(lab) == prepared, "nothing renamed, moved or brought up"
+    assert POD_INTERFACE not in lab.links(lab.host)
+    family.unprepare("claim-h")
 
 
 def test_shares_of_one_uplink_get_classes_of_their_own_and_prepare_is_idempotent(lab: Lab, tmp_path: Path) -> None:
@@ -278,6 +303,20 @@ def test_the_tessera_nic_attach_command_attaches_from_the_runtime_state_on_stdin
                                  capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
         assert refused.returncode == 1
         assert "claim no-such-claim has no prepared NIC share" in refused.stderr
+        # The reason is left for the agent to report on the claim; a later attach that works clears it.
+        reason = refused.stderr.strip().removeprefix("tessera nic-attach: ")
+        assert attach_failures(checkpoint) == {"no-such-claim": reason}
+        family.prepare("no-such-claim", [ShareRequest("s0", UPLINK, GBIT)])
+        other = _pod_process(lab, lab.pod())
+        try:
+            again = subprocess.run([*command, "--claim", "no-such-claim"], input=json.dumps({"pid": other.pid}),
+                                   capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        finally:
+            other.kill()
+            other.wait()
+        assert again.returncode == 0, again.stderr
+        assert attach_failures(checkpoint) == {}
+        family.unprepare("no-such-claim")
     finally:
         process.kill()
         process.wait()
@@ -288,3 +327,48 @@ def test_the_sweep_leaves_links_that_only_look_like_ours(lab: Lab, tmp_path: Pat
         ip.link("add", ifname="tsn4", kind="veth", peer={"ifname": "tsn5"})  # another tool's names
     _family(lab, tmp_path).recover()
     assert {"tsn4", "tsn5"} <= lab.links(lab.host)
+
+
+def test_in_a_container_the_hook_enters_the_agents_mount_namespace_by_the_pid_it_wrote(tmp_path: Path) -> None:
+    pid_file = tmp_path / "agent.pid"
+    hook = attach_hook("uid-1", Path("/cp.json"), "/usr/local/bin/tessera", agent_pid_file=pid_file)
+    assert hook["hookName"] == "createRuntime"
+    assert hook["path"] == "/bin/sh"
+    # Run the hook's script as the runtime would, with nsenter replaced by a stand-in that shows its argv.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nsenter").write_text('#!/bin/sh\necho "$@"\n')
+    (bin_dir / "nsenter").chmod(0o755)
+    pid_file.write_text("4242\n")
+    script = hook["args"][2].replace("PATH=", f"PATH={bin_dir}:", 1)
+    done = subprocess.run(["/bin/sh", "-c", script, *hook["args"][3:]], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [
+        "--target", "4242", "--mount", "--", "/usr/local/bin/tessera", "nic-attach",
+        "--checkpoint", "/cp.json", "--claim", "uid-1",
+    ]  # fmt: skip
+
+
+def test_shares_take_the_lowest_free_address_of_their_network_and_give_it_back(lab: Lab, tmp_path: Path) -> None:
+    family = _family(lab, tmp_path)
+    [a] = family.prepare("claim-a", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/24")])
+    [b] = family.prepare("claim-b", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/24")])
+    assert (a.address, b.address) == ("10.98.0.2/24", "10.98.0.3/24"), "the first host address is the gateway's"
+    family.unprepare("claim-a")
+    [c] = family.prepare("claim-c", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/24")])
+    assert c.address == "10.98.0.2/24"
+    family.unprepare("claim-b")
+    family.unprepare("claim-c")
+
+
+def test_a_network_with_no_free_address_refuses_the_claim_and_makes_nothing(lab: Lab, tmp_path: Path) -> None:
+    family = _family(lab, tmp_path)
+    baseline = _state(lab)
+    [only] = family.prepare("claim-a", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/30")])
+    assert only.address == "10.98.0.2/30"
+    with_one = _state(lab)
+    with pytest.raises(ShapingError, match=r"no free address left in 10\.98\.0\.0/30"):
+        family.prepare("claim-b", [ShareRequest("s0", UPLINK, GBIT, cidr="10.98.0.0/30")])
+    assert _state(lab) == with_one
+    assert [s.claim_uid for s in family.shares()] == ["claim-a"]
+    family.unprepare("claim-a")
+    assert _state(lab) == baseline

@@ -28,7 +28,7 @@ NON_DEFAULT: dict[str, Any] = {
     "operator": {"logLevel": "debug", "nodeSelector": {"role": "control"}},
     "agent": {
         "logLevel": "debug", "backend": "simulated", "simulate": "2xH100-80GB",
-        "simulatedDevDir": "/var/lib/tessera/dev",
+        "simulatedDevDir": "/var/lib/tessera/dev", "sharedNics": True,
         "nodeSelector": {"gpu": "yes", "nvidia.com/gpu.present": None},  # null drops the default's key
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}],
         "kubeletRootDir": "/var/lib/k0s/kubelet", "cdiDir": "/etc/cdi", "maxUnavailable": "20%",
@@ -97,6 +97,10 @@ def test_non_default_values_change_what_they_name(tmp_path: Path) -> None:
     for name in ("plugins-registry", "plugin", "cdi"):
         assert host[name] == mounts[name]
     assert host["plugin"] == "/var/lib/k0s/kubelet/plugins/gpu.tessera.dev"
+    assert host["nic-plugin"] == mounts["nic-plugin"] == "/var/lib/k0s/kubelet/plugins/nic.tessera.dev"
+    # Shared NICs: the host's network and pids, and the hook that enters the agent (the shared-NICs patch).
+    assert (pod["hostNetwork"], pod["hostPID"], pod["dnsPolicy"]) == (True, True, "ClusterFirstWithHostNet")
+    assert env["TESSERA_NIC_ATTACH_IN_AGENT_NAMESPACE"] == "1"
     operator = _one(objects, "Deployment", "tessera-operator")
     assert operator["metadata"]["namespace"] == "gpu-infra"
     assert operator["spec"]["template"]["spec"]["nodeSelector"] == {"role": "control"}

@@ -34,10 +34,14 @@ from typing import Any
 import pytest
 
 from tessera import INSTALL_NAMESPACE
+from tessera.agent.nics.shaping import ifb_name
+from tessera.dra.nics import SHARED_NIC_CLASS
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait_for
+from tessera.localcluster.images import BUSYBOX_IMAGE
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.ownimage import IMAGE, build_own_image, own_image_possible
+from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
 from tessera.manifests import load_documents
 from tests.integration.helm_helpers import CHART, helm
 
@@ -150,6 +154,82 @@ async def test_the_install_runs_as_pods_from_the_local_image_and_the_samples_rea
     for pod in cluster.get_json("pods", "-n", INSTALL_NAMESPACE)["items"]:
         text = cluster.kubectl("logs", pod["metadata"]["name"], "-n", INSTALL_NAMESPACE).stdout
         assert not FORBIDDEN.search(text), f"{pod['metadata']['name']} was refused something:\n{text[-3000:]}"
+
+
+async def test_the_installed_agent_pod_attaches_a_nic_share_through_its_hook_on_the_host(
+    installed: Installed,
+) -> None:
+    """The DaemonSet with the shared-NICs patch (hostNetwork, hostPID): the CDI hook that the
+    runtime runs on the host enters the agent container by the pid it wrote and runs the image's
+    ``tessera nic-attach``; the Pod sees net1. The uplink is a veth whose far end is in a namespace.
+    These nodes have no kube-proxy, so the host-network agent is pointed at the apiserver's
+    loopback address (where a cluster's kube-proxy would serve the Service's IP to the host)."""
+    cluster = installed.cluster
+    suffix = uuid.uuid4().hex[:6]
+    uplink, far_end, fabric = f"ti{suffix}", f"tj{suffix}", f"tessera-ifab-{suffix}"
+    await asyncio.to_thread(_run_each, ["ip", "netns", "add", fabric],
+                            ["ip", "link", "add", uplink, "type", "veth", "peer", "name", far_end],
+                            ["ip", "link", "set", far_end, "netns", fabric], ["ip", "link", "set", uplink, "up"],
+                            ["ip", "-n", fabric, "link", "set", far_end, "up"])  # else the uplink is down: tainted
+    namespace = f"nic-{suffix}"
+    try:
+        cluster.kubectl("-n", INSTALL_NAMESPACE, "patch", "daemonset", "tessera-agent",
+                        "--patch-file", str(ROOT / "e2e" / "local" / "shared-nics-agent.yaml"))
+        host, port = cluster.server.removeprefix("https://").rsplit(":", 1)
+        cluster.kubectl("-n", INSTALL_NAMESPACE, "set", "env", "daemonset/tessera-agent",
+                        f"TESSERA_NIC_INTERFACES={uplink}", f"KUBERNETES_SERVICE_HOST={host}",
+                        f"KUBERNETES_SERVICE_PORT={port}")
+        cluster.apply_objects([{
+            "apiVersion": "tessera.dev/v1alpha1", "kind": "NetworkSharingPolicy", "metadata": {"name": "install-nic"},
+            "spec": {"interfaces": [uplink], "lineRate": "10G", "share": {"default": "1G", "min": "1G", "step": "1G"}},
+        }])  # fmt: skip
+
+        def published() -> bool:
+            return any(d["name"] == f"nic-{uplink}" for s in cluster.get_json("resourceslices")["items"]
+                       for d in s["spec"].get("devices") or [])
+
+        await wait_for(published, timeout=180, interval=1, message="the restarted agent Pod's NIC published")
+        cluster.kubectl("create", "namespace", namespace)
+        await wait_for(lambda: cluster.kubectl("get", "serviceaccount", "default", "-n", namespace,
+                                               check=False).returncode == 0, timeout=30, message="default account")
+        cluster.apply_objects([
+            claim_template("nic", namespace, SHARED_NIC_CLASS, capacity={"bandwidth": "2G"}),
+            pod_with_claim("nic-0", namespace, "nic", on_node(NODE), BUSYBOX_IMAGE,
+                           ["sh", "-c", "ls /sys/class/net; echo ready; exec sleep 600"]),
+        ])
+
+        def started() -> str:
+            pod = cluster.get_json("pod", "nic-0", "-n", namespace)
+            return cluster.kubectl("logs", "nic-0", "-n", namespace).stdout if running_and_ready(pod) else ""
+
+        try:
+            printed = await wait_for(started, timeout=120, interval=1, message="nic-0 Running")
+        except TimeoutError as error:
+            pod_status = json.dumps(cluster.get_json("pod", "nic-0", "-n", namespace).get("status"))[:1500]
+            events = cluster.kubectl("get", "events", "-n", namespace, check=False).stdout[-1500:]
+            agent = cluster.kubectl("-n", INSTALL_NAMESPACE, "logs", "daemonset/tessera-agent", "--tail=15",
+                                    check=False).stdout[-3000:]
+            raise AssertionError(f"{error}\n{pod_status}\n{events}\n{agent}") from error
+        assert sorted(printed.split()) == ["eth0", "lo", "net1", "ready"], printed
+        cluster.kubectl("delete", "namespace", namespace, "--timeout=90s")
+        [shown] = await asyncio.to_thread(_run_each, ["tc", "class", "show", "dev", uplink])
+        assert shown == "", f"the share's class is gone with the Pod: {shown}"
+    finally:
+        cluster.kubectl("delete", "networksharingpolicy", "install-nic", "--ignore-not-found", check=False)
+        cluster.kubectl("-n", INSTALL_NAMESPACE, "set", "env", "daemonset/tessera-agent", "TESSERA_NIC_INTERFACES-",
+                        "KUBERNETES_SERVICE_HOST-", "KUBERNETES_SERVICE_PORT-",
+                        "TESSERA_NIC_ATTACH_IN_AGENT_NAMESPACE-", check=False)
+        undo = [{"op": "remove", "path": "/spec/template/spec/hostNetwork"},  # hostPID stays: the install's own
+                {"op": "replace", "path": "/spec/template/spec/dnsPolicy", "value": "ClusterFirst"}]
+        cluster.kubectl("-n", INSTALL_NAMESPACE, "patch", "daemonset", "tessera-agent", "--type", "json", "-p",
+                        json.dumps(undo), check=False)
+        await asyncio.to_thread(_run_each, ["ip", "link", "del", uplink], ["ip", "link", "del", ifb_name(uplink)],
+                                ["ip", "netns", "del", fabric], check=False)
+
+
+def _run_each(*argvs: list[str], check: bool = True) -> list[str]:
+    """Run each command in turn; what each printed."""
+    return [subprocess.run(argv, check=check, capture_output=True, text=True).stdout for argv in argvs]
 
 
 # -- MPS daemons outlive the agent's container (runs after the install test, on what it installed) --

@@ -15,9 +15,12 @@ import asyncio
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,8 @@ from typing import Any
 import pytest
 
 from tessera.agent.backends.simulated import SimulatedHardware
+from tessera.agent.nics.shaping import UplinkShaper, host_link_name, ifb_name, share_mac
+from tessera.dra.nics import NIC_DRIVER, SHARED_NIC_CLASS, nic_device_name
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait_for
 from tessera.localcluster.images import BUSYBOX_IMAGE
@@ -42,6 +47,14 @@ CHEAP = "cheap-c"  # a kubelet-less node (a Node object and a local agent) in th
 SIMULATE = {NODE_A: "4xH100-80GB", NODE_B: "1xH200-141GB"}
 # A GPU with a fault clears after 10 s without another (a reset needs an idle GPU; a Pod keeps it busy).
 AGENT_FLAGS = ["--health-recovery-seconds", "10"]
+# Node B's uplink: a veth in the host's network namespace (the nodes' own) whose far end sits in
+# a namespace of this run playing the fabric; names unique per run (other runs share the machine).
+_RUN = uuid.uuid4().hex[:6]
+UPLINK, FABRIC_END, FABRIC_NETNS = f"tu{_RUN}", f"tf{_RUN}", f"tessera-fabric-{_RUN}"
+FABRIC_NETWORK, FABRIC_GATEWAY = "10.97.0.0/24", "10.97.0.1"  # shares get .2, .3, ... (spec.addresses)
+# The CDI hook runs on the node's host (the runtime's namespaces): this checkout's tessera command.
+HOOK = str(Path(sys.executable).parent / "tessera")
+NIC_FLAGS = {NODE_B: ["--nic-interfaces", UPLINK, "--nic-attach-executable", HOOK]}
 
 _why_not = real_nodes_possible()
 if _why_not and os.environ.get("TESSERA_REQUIRE_REAL_NODES") != "1":
@@ -82,7 +95,8 @@ class RealCluster:
     def restart_agent(self, node: str) -> TesseraProcess:
         self.agents[node].stop()
         self.processes.processes.remove(self.agents[node])
-        self.agents[node] = self.processes.agent_on(self.nodes[node], SIMULATE[node], AGENT_FLAGS)
+        self.agents[node] = self.processes.agent_on(self.nodes[node], SIMULATE[node],
+                                                    AGENT_FLAGS + NIC_FLAGS.get(node, []))
         return self.agents[node]
 
     def hardware(self, node: str) -> SimulatedHardware:
@@ -97,10 +111,12 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
         processes = TesseraProcesses(cluster, tmp_path_factory.mktemp("real-nodes"))
         nodes: dict[str, RealNode] = {}
         try:
+            make_fabric()
             for name in SIMULATE:
                 nodes[name] = RealNode.start(cluster, name)
             processes.operator()
-            agents = {name: processes.agent_on(node, SIMULATE[name], AGENT_FLAGS) for name, node in nodes.items()}
+            agents = {name: processes.agent_on(node, SIMULATE[name], AGENT_FLAGS + NIC_FLAGS.get(name, []))
+                      for name, node in nodes.items()}
             cluster.add_node(CHEAP)
             agents[CHEAP] = processes.agent(CHEAP, "1xA100-80GB")
             cluster.apply_objects(POLICIES)
@@ -110,6 +126,26 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
             processes.stop_all()
             for node in nodes.values():
                 node.stop()
+            remove_fabric()
+
+
+def make_fabric() -> None:
+    """The veth standing in for node B's NIC, its far end in a namespace of its own."""
+    remove_fabric()
+    for argv in (["ip", "netns", "add", FABRIC_NETNS],
+                 ["ip", "link", "add", UPLINK, "type", "veth", "peer", "name", FABRIC_END],
+                 ["ip", "link", "set", FABRIC_END, "netns", FABRIC_NETNS],
+                 ["ip", "-n", FABRIC_NETNS, "addr", "add", f"{FABRIC_GATEWAY}/24", "dev", FABRIC_END],
+                 ["ip", "-n", FABRIC_NETNS, "link", "set", FABRIC_END, "up"],
+                 ["ip", "link", "set", UPLINK, "up"]):
+        subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+def remove_fabric() -> None:
+    """The veth, its namespace, and the uplink's ifb should a failed test have left it."""
+    for link in (UPLINK, ifb_name(UPLINK)):
+        subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
+    subprocess.run(["ip", "netns", "del", FABRIC_NETNS], check=False, capture_output=True)
 
 
 @pytest.fixture
@@ -425,6 +461,128 @@ async def test_real_and_kubelet_less_nodes_mix_in_one_cluster(real: RealCluster,
     await delete_pods(real, namespace, "beside-0")
 
 
+# -- shared NICs -----------------------------------------------------------------------------
+
+
+def nic_policy() -> dict[str, Any]:
+    return {
+        "apiVersion": "tessera.dev/v1alpha1",
+        "kind": "NetworkSharingPolicy",
+        "metadata": {"name": "real-nic"},
+        "spec": {"nodeSelector": {"matchLabels": {"kubernetes.io/hostname": NODE_B}}, "interfaces": [UPLINK],
+                 "lineRate": "10G", "share": {"default": "1G", "min": "1G", "step": "1G"},
+                 "addresses": {"cidr": FABRIC_NETWORK}},
+    }
+
+
+def host_share_pieces(shaper: UplinkShaper) -> dict[str, Any]:
+    """What of shares exists in the host's namespace: classes and filters on the uplink and its
+    ifb, our macvlans, the ifb itself (read off the test's event loop: pyroute2 runs one of its own)."""
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(_host_share_pieces, shaper).result()
+
+
+def _host_share_pieces(shaper: UplinkShaper) -> dict[str, Any]:
+    ifb = ifb_name(UPLINK)
+    return {"uplink classes": shaper.class_minors(UPLINK), "ifb classes": shaper.class_minors(ifb),
+            "uplink filters": shaper.filter_prios(UPLINK), "ifb filters": shaper.filter_prios(ifb),
+            "macvlans": shaper.host_links(), "ifb": Path(f"/sys/class/net/{ifb}").exists()}
+
+
+NOTHING = {"uplink classes": set(), "ifb classes": set(), "uplink filters": set(), "ifb filters": set(),
+           "macvlans": set(), "ifb": False}
+# The container's first act is to list its interfaces.
+SHOW_INTERFACES = ["sh", "-c", "ls /sys/class/net; ip -o link; ip -o -4 addr show net1; "
+                   f"ping -c 1 -W 5 {FABRIC_GATEWAY} >/dev/null && echo fabric reached; echo ready; exec sleep 600"]
+
+
+async def test_a_nic_share_pod_sees_net1_at_its_first_instruction_and_leaves_nothing_behind(
+    real: RealCluster, namespace: str
+) -> None:
+    real.cluster.apply_objects([nic_policy()])
+    await wait_for(lambda: any(d["name"] == nic_device_name(UPLINK) for s in get(
+        real, "resourceslices", "--field-selector", f"spec.nodeName={NODE_B},spec.driver={NIC_DRIVER}")["items"]
+        for d in s["spec"].get("devices") or []), timeout=90, interval=0.5, message="the uplink's NIC device")
+    shaper = UplinkShaper()
+    assert host_share_pieces(shaper) == NOTHING
+    template = claim_template("nic", namespace, SHARED_NIC_CLASS, capacity={"bandwidth": "2G"})
+    pod = pod_with_claim("nic-0", namespace, "nic", on_node(NODE_B), BUSYBOX_IMAGE, SHOW_INTERFACES)
+    real.cluster.apply_objects([template, pod])
+    await wait_for(lambda: pod_phase(real, namespace, "nic-0") == "Running" and "ready" in logs(
+        real, namespace, "nic-0"), timeout=120, interval=0.5, message="nic-0 running and printing its interfaces")
+    [result] = claim_results(real, namespace, "nic-0")
+    claim = get(real, "pod", "nic-0", "-n", namespace)["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    uid = get(real, "resourceclaim", claim, "-n", namespace)["metadata"]["uid"]
+    printed = logs(real, namespace, "nic-0").splitlines()
+    listed = printed[:printed.index(next(line for line in printed if ": " in line))]
+    assert sorted(listed) == ["eth0", "lo", "net1"], f"the first thing the container saw: {printed}"
+    [net1] = [line for line in printed if re.match(r"\d+: net1@", line)]
+    assert share_mac(uid, result["shareID"]) in net1, net1
+    assert ",UP" in net1, net1
+    assert any(re.match(r"\d+: net1\s+inet 10\.97\.0\.2/24", line) for line in printed), printed  # spec.addresses
+    assert "fabric reached" in printed, "net1 carries the Pod's traffic over the uplink"
+    [entry] = [d for d in get(real, "resourceclaim", claim, "-n", namespace)["status"]["devices"]
+               if d["driver"] == NIC_DRIVER]
+    assert entry["networkData"] == {"interfaceName": "net1", "hardwareAddress": share_mac(uid, result["shareID"]),
+                                    "ips": ["10.97.0.2/24"]}
+    assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+    here = host_share_pieces(shaper)
+    [minor] = here["uplink classes"]
+    assert here == {**NOTHING, "uplink classes": {minor}, "ifb classes": {minor},
+                                          "uplink filters": {minor}, "ifb filters": {minor}, "ifb": True}, here
+    assert host_link_name(uid, result["shareID"]) not in here["macvlans"], "the macvlan moved into the Pod"
+    shown = await asyncio.to_thread(subprocess.run, ["tc", "class", "show", "dev", UPLINK], capture_output=True,
+                                    text=True, check=True)
+    [line] = [ln for ln in shown.stdout.splitlines() if ln.startswith(f"class htb 1:{minor:x} root")]
+    assert "rate 2Gbit ceil 2Gbit" in line, line
+
+    await delete_pods(real, namespace, "nic-0")
+    await wait_for(lambda: host_share_pieces(shaper) == NOTHING, timeout=60, interval=0.5,
+                   message="no macvlan, class, filter or ifb left after the Pod was deleted")
+
+
+def nic_conditions(real: RealCluster, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """The conditions of the pod's claim's nic.tessera.dev entries in ``status.devices``."""
+    statuses = get(real, "pod", pod, "-n", namespace)["status"].get("resourceClaimStatuses") or [{}]
+    if not statuses[0].get("resourceClaimName"):
+        return []
+    claim = get(real, "resourceclaim", statuses[0]["resourceClaimName"], "-n", namespace)
+    return [c for d in (claim.get("status") or {}).get("devices") or [] if d["driver"] == NIC_DRIVER
+            for c in d.get("conditions") or []]
+
+
+async def test_a_failed_attach_is_reported_on_the_claim_and_leaves_the_share_as_prepared(
+    real: RealCluster, namespace: str
+) -> None:
+    """A hostNetwork Pod has no network namespace of its own to take net1: the hook refuses."""
+    real.cluster.apply_objects([nic_policy()])
+    shaper = UplinkShaper()
+    template = claim_template("nic-host", namespace, SHARED_NIC_CLASS, capacity={"bandwidth": "1G"})
+    pod = pod_with_claim("nic-host-0", namespace, "nic-host", on_node(NODE_B), BUSYBOX_IMAGE, SHOW_INTERFACES)
+    pod["spec"]["hostNetwork"] = True
+    real.cluster.apply_objects([template, pod])
+
+    def failed() -> list[dict[str, Any]]:
+        return [c for c in nic_conditions(real, namespace, "nic-host-0") if c["reason"] == "AttachFailed"]
+
+    [condition] = await wait_for(failed, timeout=120, interval=0.5, message="AttachFailed on the claim")
+    assert condition["status"] == "False"
+    assert "host's network namespace" in condition["message"], condition
+    [status] = get(real, "pod", "nic-host-0", "-n", namespace)["status"]["containerStatuses"]
+    assert "running" not in status["state"], status
+    [result] = claim_results(real, namespace, "nic-host-0")
+    uid = get(real, "resourceclaim", get(real, "pod", "nic-host-0", "-n", namespace)["status"]
+              ["resourceClaimStatuses"][0]["resourceClaimName"], "-n", namespace)["metadata"]["uid"]
+    here = host_share_pieces(shaper)
+    assert here["macvlans"] == {host_link_name(uid, result["shareID"])}, "the share is as prepared, in the host"
+    assert "net1" not in os.listdir("/sys/class/net"), "nothing renamed or brought up in the host"
+    operstate = await asyncio.to_thread(Path(f"/sys/class/net/{host_link_name(uid, result['shareID'])}/operstate")
+                                        .read_text)
+    assert operstate.strip() == "down"
+
+    await delete_pods(real, namespace, "nic-host-0")
+    await wait_for(lambda: host_share_pieces(shaper) == NOTHING, timeout=60, interval=0.5,
+                   message="nothing left after the Pod was deleted")
 # -- a node reboot ---------------------------------------------------------------------------
 
 

@@ -31,3 +31,6 @@ imagePullSecrets:
 {{- define "tessera.pluginDir" -}}
 {{ trimSuffix "/" .Values.agent.kubeletRootDir }}/plugins/gpu.tessera.dev
 {{- end -}}
+{{- define "tessera.nicPluginDir" -}}
+{{ trimSuffix "/" .Values.agent.kubeletRootDir }}/plugins/nic.tessera.dev
+{{- end -}}

@@ -34,7 +34,7 @@ from tessera.log import configure_logging
 from tessera.models.nics import LinkState, NicStatus
 
 if TYPE_CHECKING:
-    from tessera.agent.nics.plugin import NicKubeletPlugin
+    from tessera.agent.nics.plugin import NicKubeletPlugin, NicPluginConfig
 
 log = structlog.get_logger("tessera.agent")
 DEFAULTS = AgentConfig(node_name="")  # the flags' defaults are the config's own
@@ -153,6 +153,13 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
         help="the host path of the tessera command that CDI runs to attach NIC shares (TESSERA_NIC_ATTACH_EXECUTABLE)",
     )
     parser.add_argument(
+        "--nic-attach-in-agent-namespace",
+        action=argparse.BooleanOptionalAction,
+        default=_env("NIC_ATTACH_IN_AGENT_NAMESPACE", "false").lower() in ("1", "true", "yes"),
+        help="the agent runs in a container (the DaemonSet, with hostPID): the attach hook enters its mount "
+        "namespace to run --nic-attach-executable from the image (TESSERA_NIC_ATTACH_IN_AGENT_NAMESPACE)",
+    )
+    parser.add_argument(
         "--cdi-dir",
         type=Path,
         default=Path(_env("CDI_DIR", str(DEFAULT_CDI_DIR))),
@@ -161,15 +168,17 @@ def _add_plugin_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_nic_inventory(args: argparse.Namespace) -> Callable[[], Sequence[NicStatus]] | None:
-    """The NICs this agent reports: the simulated ones its ``--simulate`` spec names (none: no
-    NIC family), or on real hardware every PCI NIC in sysfs plus ``--nic-interfaces``; a NIC that
-    goes away is still reported, ``Absent``, with what was last known of it."""
-    if args.simulate or args.backend == "simulated":
-        if not nic_items(args.simulate or ""):
-            return None
-        gpu_count = len(parse_simulate_spec(args.simulate))
-        return lambda: simulated_nics(args.node_name, args.simulate, gpu_count)
+    """The NICs this agent reports: the simulated ones its ``--simulate`` spec names, or else
+    every PCI NIC in sysfs plus ``--nic-interfaces`` (on real hardware, and beside simulated GPUs
+    when interfaces are named: a real node's veth standing in for an uplink); none: no NIC
+    family. A NIC that goes away is still reported, ``Absent``, with what was last known of it."""
     named = [n.strip() for n in (args.nic_interfaces or "").split(",") if n.strip()]
+    if args.simulate or args.backend == "simulated":
+        if nic_items(args.simulate or ""):
+            gpu_count = len(parse_simulate_spec(args.simulate))
+            return lambda: simulated_nics(args.node_name, args.simulate, gpu_count)
+        if not named:
+            return None
     last_known: dict[str, NicStatus] = {}
 
     def discover() -> Sequence[NicStatus]:
@@ -180,25 +189,36 @@ def make_nic_inventory(args: argparse.Namespace) -> Callable[[], Sequence[NicSta
     return discover
 
 
-def make_nic_plugin(
-    args: argparse.Namespace, api: KubeClient, nics: Callable[[], Sequence[NicStatus]]
-) -> NicKubeletPlugin:
-    """The NIC family's kubelet plugin, its folder beside the GPU plugin's."""
-    from tessera.agent.nics.family import NicFamily
-    from tessera.agent.nics.plugin import KubeSliceReader, NicKubeletPlugin, NicPluginConfig
-    from tessera.agent.nics.shaping import UplinkShaper
-    from tessera.agent.plugin.claims import KubeClaimReader
+def make_nic_plugin_config(args: argparse.Namespace) -> NicPluginConfig:
+    """Where the NIC plugin keeps its sockets and checkpoint (beside the GPU plugin's folder), and
+    how its attach hook reaches the ``tessera`` command."""
+    from tessera.agent.nics.plugin import NicPluginConfig
     from tessera.dra.nics import NIC_DRIVER
 
-    config = NicPluginConfig(
+    return NicPluginConfig(
         node_name=args.node_name,
         registry_dir=args.kubelet_registry_dir,
         plugin_dir=args.kubelet_plugin_dir.parent / NIC_DRIVER,
         cdi_dir=args.cdi_dir,
         hook_executable=args.nic_attach_executable,
+        hook_in_agent_namespace=args.nic_attach_in_agent_namespace,
     )
+
+
+def make_nic_plugin(
+    args: argparse.Namespace, api: KubeClient, nics: Callable[[], Sequence[NicStatus]]
+) -> NicKubeletPlugin:
+    """The NIC family's kubelet plugin, its folder beside the GPU plugin's."""
+    from tessera.agent.nics.family import NicFamily
+    from tessera.agent.nics.plugin import KubeSliceReader, NicKubeletPlugin
+    from tessera.agent.nics.shaping import UplinkShaper
+    from tessera.agent.plugin.claims import KubeClaimReader, KubeClaimStatusWriter
+    from tessera.dra.nics import NIC_DRIVER
+
+    config = make_nic_plugin_config(args)
     family = NicFamily(config.checkpoint, UplinkShaper())
-    return NicKubeletPlugin(config, family, KubeClaimReader(api), nics, slices=KubeSliceReader(api))
+    status = KubeClaimStatusWriter(api, f"{NIC_DRIVER}/{config.node_name}"[:128])
+    return NicKubeletPlugin(config, family, KubeClaimReader(api), nics, slices=KubeSliceReader(api), status=status)
 
 
 def make_backend(args: argparse.Namespace) -> DeviceBackend:

@@ -3,17 +3,20 @@ into the Pod's network namespace (``tessera.agent.nics.family`` says why a hook,
 
 The runtime runs it with the container's OCI state on stdin; it reads the checkpoint the node
 agent keeps, moves each prepared share's macvlan into ``/proc/<pid>/ns/net`` as ``net1``, and
-exits 0, or non-zero with the reason on stderr (the runtime then fails the container, and the
-kubelet retries it; nothing half-attached is left). Not for: preparing shares (the agent does).
+exits 0, or non-zero with the reason on stderr and in a file the agent reports on the claim
+(``tessera.agent.nics.report``; the runtime then fails the container, and the kubelet retries it;
+nothing half-attached is left). Not for: preparing shares (the agent does).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
 from tessera.agent.nics.family import NicFamily, attach_from_runtime_state
+from tessera.agent.nics.report import clear_attach_failure, record_attach_failure
 from tessera.agent.nics.shaping import ShapingError, UplinkShaper
 
 
@@ -32,5 +35,9 @@ def run(args: argparse.Namespace) -> int:
         attach_from_runtime_state(family, args.claim, sys.stdin.read())
     except (ShapingError, ValueError, OSError) as error:
         print(f"tessera nic-attach: {error}", file=sys.stderr)
+        with contextlib.suppress(OSError, ValueError):  # the agent reports it on the claim
+            record_attach_failure(args.checkpoint, args.claim, str(error))
         return 1
+    with contextlib.suppress(OSError):
+        clear_attach_failure(args.checkpoint, args.claim)
     return 0

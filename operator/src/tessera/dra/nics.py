@@ -43,6 +43,7 @@ NIC_DRIVER = "nic.tessera.dev"
 PCI_BUS_ID_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 BANDWIDTH_CAPACITY = "bandwidth"
 CEILING_ATTRIBUTE = "shareCeilingBps"
+ADDRESSES_ATTRIBUTE = "shareAddressCIDR"  # spec.addresses.cidr: each share's net1 gets an address from it
 TYPE_NIC = "nic"
 LINK_TAINT_KEY = f"{NIC_DRIVER}/link"
 NIC_SLICE_SUFFIX = "tessera-nics"
@@ -166,6 +167,8 @@ def nic_device(shared: SharedNic) -> Device:
     ceiling = shared.spec.share.ceiling_bps
     if ceiling is not None:  # what a share may borrow up to; the kubelet plugin reads it back
         attributes[CEILING_ATTRIBUTE] = {"int": min(ceiling, rate)}
+    if shared.spec.addresses is not None:  # the kubelet plugin reads it back and hands out addresses
+        attributes[ADDRESSES_ATTRIBUTE] = {"string": shared.spec.addresses.cidr}
     device: Device = {
         "name": nic_device_name(nic.interface),
         "allowMultipleAllocations": True,

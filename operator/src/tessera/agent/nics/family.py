@@ -6,6 +6,9 @@ Order of work, so that a crash at any point leaves something ``recover`` can fin
 - prepare: the shares are written ``Preparing`` (with their uplinks) *before* anything is made;
   then each uplink is set up and each share made; then they are written ``Prepared``. A failure
   removes what this claim made (``make_share`` is all-or-nothing per share) and forgets it.
+- addresses: a share asks for a fixed one, or for the lowest free one of its policy's network
+  (``spec.addresses``; free: held by no share in the checkpoint), chosen under the lock, so two
+  claims never get one address; attach puts it on ``net1``.
 - unprepare: the shares are written ``Unpreparing``, removed, forgotten; an uplink left with no
   share is released before it leaves the checkpoint.
 - recover (agent start): every share not ``Prepared`` is removed and forgotten, and a sweep
@@ -27,6 +30,7 @@ Not for: publishing (``tessera.dra.nics``) or the netlink work itself (``shaping
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import tempfile
@@ -60,7 +64,8 @@ class ShareRequest:
     uplink: str
     rate_bps: int
     ceil_bps: int | None = None  # the policy's ceiling; None: the share's own rate
-    address: str | None = None
+    address: str | None = None  # this address ("10.20.0.5/24"), or
+    cidr: str | None = None  # the next free one of this network (the policy's spec.addresses), or none
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,7 @@ class NicFamily:
 
     def _plan(self, checkpoint: NicCheckpoint, claim_uid: str, requests: Sequence[ShareRequest]) -> list[Share]:
         taken: dict[str, set[int]] = {}
+        addresses = {s.address.split("/")[0] for s, _ in checkpoint.shares.values() if s.address}
         for share, _ in checkpoint.shares.values():
             taken.setdefault(share.uplink, set()).add(share.class_minor)
         made = []
@@ -169,9 +175,11 @@ class NicFamily:
             minor = free_class_minor(used)
             used.add(minor)
             ceiling = max(request.rate_bps, request.ceil_bps or 0)
-            made.append(
-                Share(claim_uid, request.share_id, request.uplink, request.rate_bps, ceiling, minor, request.address)
-            )
+            address = request.address
+            if address is None and request.cidr is not None:
+                address = free_address(request.cidr, addresses)
+                addresses.add(address.split("/")[0])
+            made.append(Share(claim_uid, request.share_id, request.uplink, request.rate_bps, ceiling, minor, address))
         return made
 
     def _forget(self, checkpoint: NicCheckpoint, gone: Sequence[Share]) -> None:
@@ -223,6 +231,18 @@ class NicFamily:
             self._shaper.attach(share, pod_netns_path)
 
 
+def free_address(cidr: str, taken: set[str]) -> str:
+    """The lowest host address of ``cidr`` (as ``address/prefix``) not in ``taken``; the first host
+    address is left out, for the network's gateway (the fabric's side)."""
+    network = ipaddress.ip_network(cidr, strict=False)
+    hosts = network.hosts()
+    next(hosts, None)
+    for host in hosts:
+        if str(host) not in taken:
+            return f"{host}/{network.prefixlen}"
+    raise ShapingError(f"no free address left in {cidr} (spec.addresses of the NIC's policy): widen it")
+
+
 def attach_from_runtime_state(family: NicFamily, claim_uid: str, state_json: str) -> None:
     """The createRuntime hook's work: the runtime's container state (OCI) names the process whose
     network namespace is the Pod's."""
@@ -233,10 +253,23 @@ def attach_from_runtime_state(family: NicFamily, claim_uid: str, state_json: str
     family.attach(claim_uid, f"/proc/{pid}/ns/net")
 
 
-def attach_hook(claim_uid: str, checkpoint: Path, executable: str = "/usr/local/bin/tessera") -> dict[str, Any]:
-    """The CDI ``containerEdits.hooks`` entry that runs the attach for a claim's shares."""
-    return {
-        "hookName": "createRuntime",
-        "path": executable,
-        "args": [*ATTACH_COMMAND, "--checkpoint", str(checkpoint), "--claim", claim_uid],
-    }
+def attach_hook(
+    claim_uid: str, checkpoint: Path, executable: str = "/usr/local/bin/tessera", agent_pid_file: Path | None = None
+) -> dict[str, Any]:
+    """The CDI ``containerEdits.hooks`` entry that runs the attach for a claim's shares.
+
+    The runtime runs it on the node's host. Where the agent is a host process (or ``tessera`` is
+    installed on the host) the hook runs ``executable`` directly. Where the agent runs in a
+    container (the DaemonSet) nothing of Python is on the host: ``agent_pid_file`` (the agent's
+    host pid, written at start; the DaemonSet has ``hostPID``) then lets the host's ``/bin/sh``
+    enter the agent's mount namespace with util-linux ``nsenter`` and run the image's
+    ``executable`` there, still in the host's network namespace and with the runtime's state on
+    stdin. The pid file is read when the hook runs, so an agent restarted since prepare serves."""
+    args = ["--checkpoint", str(checkpoint), "--claim", claim_uid]
+    if agent_pid_file is None:
+        return {"hookName": "createRuntime", "path": executable, "args": [*ATTACH_COMMAND, *args]}
+    script = (
+        "PATH=/usr/sbin:/usr/bin:/sbin:/bin; "
+        f'exec nsenter --target "$(cat {agent_pid_file})" --mount -- {executable} {ATTACH_COMMAND[1]} "$@"'
+    )
+    return {"hookName": "createRuntime", "path": "/bin/sh", "args": ["sh", "-c", script, "tessera-nic-attach", *args]}

@@ -6,8 +6,9 @@ device publishes), takes its results of our driver on this node (the device
 names the NIC, ``consumedCapacity.bandwidth`` the rate, ``shareID`` the share), has
 ``NicFamily`` make the shares (macvlan, classes, filters, checkpoint), and writes one CDI spec
 per claim whose devices carry the ``createRuntime`` hook that attaches them to the Pod
-(``tessera nic-attach``); the answer gives each device its CDI ID and share ID. Unprepare undoes
-both. Every claim gets its own answer; a claim that cannot be prepared leaves nothing made.
+(``tessera nic-attach``); the answer gives each device its CDI ID and share ID, and the claim's
+``status.devices`` says Ready (or AttachFailed, from the hook's reports: ``report``). Unprepare
+undoes all of it. Every claim gets its own answer; a claim that cannot be prepared leaves nothing made.
 
 Pure parts (``share_requests``, ``nic_cdi_spec``) take values and return values.
 Not for: GPUs (``tessera.agent.plugin``) or the netlink work (``tessera.agent.nics.shaping``).
@@ -23,6 +24,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,9 +33,11 @@ import structlog
 
 from tessera import RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.agent.nics.family import NicFamily, ShareRequest, attach_hook
-from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef
+from tessera.agent.nics.report import attach_failures, clear_attach_failure, share_status_entries
+from tessera.agent.nics.shaping import Share
+from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, ClaimStatusWriter
 from tessera.agent.plugin.proto import dra_v1_pb2, pluginregistration_v1_pb2
-from tessera.dra.nics import BANDWIDTH_CAPACITY, CEILING_ATTRIBUTE, NIC_DRIVER, nic_device_name
+from tessera.dra.nics import ADDRESSES_ATTRIBUTE, BANDWIDTH_CAPACITY, CEILING_ATTRIBUTE, NIC_DRIVER, nic_device_name
 from tessera.kube.http import KubeClient, resource_path
 from tessera.models.allocation import allocation_results
 from tessera.models.nics import NicStatus
@@ -66,9 +70,11 @@ def share_requests(
     node: str,
     nics: Sequence[NicStatus],
     ceilings: Mapping[str, int] | None = None,
+    cidrs: Mapping[str, str] | None = None,
 ) -> list[AllocatedShare]:
     """The NIC shares ``claim`` holds on ``node``, each with its device's ceiling (``ceilings``:
-    device name -> bits per second); ClaimError says why there are none to make."""
+    device name -> bits per second) and address network (``cidrs``: device name -> CIDR);
+    ClaimError says why there are none to make."""
     if claim.get("metadata", {}).get("uid") != ref.uid:
         raise ClaimError(f"ResourceClaim {ref} was deleted and created again; the Pod must be recreated")
     allocation = (claim.get("status") or {}).get("allocation")
@@ -90,8 +96,9 @@ def share_requests(
             raise ClaimError(f"ResourceClaim {ref}: the allocation of {result.device} books no bandwidth")
         share_id = result.share_id or result.request
         request = ShareRequest(
-            share_id, nic.interface, parse_quantity(bandwidth), ceil_bps=(ceilings or {}).get(result.device)
-        )
+            share_id, nic.interface, parse_quantity(bandwidth), ceil_bps=(ceilings or {}).get(result.device),
+            cidr=(cidrs or {}).get(result.device),
+        )  # fmt: skip
         shares.append(AllocatedShare(result.request.split("/", 1)[0], result.device, request))
     return shares
 
@@ -107,6 +114,20 @@ def device_ceilings(slices: Sequence[Mapping[str, Any]]) -> dict[str, int]:
             ceiling = (device.get("attributes") or {}).get(CEILING_ATTRIBUTE, {}).get("int")
             if isinstance(ceiling, int):
                 out[str(device["name"])] = ceiling
+    return out
+
+
+def device_cidrs(slices: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Device name -> the network its shares' addresses come from (``shareAddressCIDR``), for our driver's slices."""
+    out: dict[str, str] = {}
+    for resource_slice in slices:
+        spec = resource_slice.get("spec") or {}
+        if spec.get("driver") != NIC_DRIVER:
+            continue
+        for device in spec.get("devices") or []:
+            cidr = (device.get("attributes") or {}).get(ADDRESSES_ATTRIBUTE, {}).get("string")
+            if isinstance(cidr, str):
+                out[str(device["name"])] = cidr
     return out
 
 
@@ -147,6 +168,11 @@ class NicPluginConfig:
     plugin_dir: Path
     cdi_dir: Path
     hook_executable: str = "/usr/local/bin/tessera"
+    hook_in_agent_namespace: bool = False  # the agent is a container: the hook enters its mount namespace
+
+    @property
+    def agent_pid_file(self) -> Path:
+        return self.plugin_dir / "agent.pid"
 
     @property
     def registration_socket(self) -> Path:
@@ -172,11 +198,21 @@ class NicKubeletPlugin:
         nics: Callable[[], Sequence[NicStatus]],
         executor: Executor | None = None,
         slices: SliceReader | None = None,
+        status: ClaimStatusWriter | None = None,
+        failure_poll_seconds: float = 1.0,
     ) -> None:
         """``executor`` runs the blocking netlink work (default: asyncio's threads); tests give
-        one whose threads live in the namespace that plays the host."""
+        one whose threads live in the namespace that plays the host. ``status`` writes the claims'
+        device status (Ready at prepare; AttachFailed from the hook's reports, polled)."""
         self._executor = executor
         self._slices = slices
+        self._status = status
+        self._poll = failure_poll_seconds
+        # Claims prepared by this process: their ref, devices and shares, and the attach failure
+        # last written on them (None: Ready).
+        self._prepared: dict[str, tuple[ClaimRef, list[tuple[str, Share]]]] = {}
+        self._reported: dict[str, str | None] = {}
+        self._watcher: asyncio.Task[None] | None = None
         self.config = config
         self.family = family
         self.reader = reader
@@ -189,10 +225,13 @@ class NicKubeletPlugin:
             claim = await self.reader.read_claim(ref.namespace, ref.name)
             if claim is None:
                 raise ClaimError(f"ResourceClaim {ref} does not exist")
-            ceilings = device_ceilings(await self._slices.node_slices(self.config.node_name)) if self._slices else {}
-            shares = share_requests(claim, ref, self.config.node_name, self.nics(), ceilings)
-            await self._blocking(self.family.prepare, ref.uid, [s.share for s in shares])
-            hook = attach_hook(ref.uid, self.config.checkpoint, self.config.hook_executable)
+            slices = await self._slices.node_slices(self.config.node_name) if self._slices else []
+            shares = share_requests(
+                claim, ref, self.config.node_name, self.nics(), device_ceilings(slices), device_cidrs(slices)
+            )
+            made: list[Share] = await self._blocking(self.family.prepare, ref.uid, [s.share for s in shares])
+            pid_file = self.config.agent_pid_file if self.config.hook_in_agent_namespace else None
+            hook = attach_hook(ref.uid, self.config.checkpoint, self.config.hook_executable, pid_file)
             try:
                 spec = nic_cdi_spec(ref.uid, shares, hook)
                 await asyncio.to_thread(_write_json, cdi_spec_path(self.config.cdi_dir, ref.uid), spec)
@@ -202,14 +241,49 @@ class NicKubeletPlugin:
         except Exception as error:  # every claim gets an answer: the error is it
             log.warning("NIC claim not prepared", claim=str(ref), error=str(error))
             return [], str(error)
+        by_id = {m.share_id: m for m in made}
+        devices = [(s.device, by_id[s.share.share_id]) for s in shares if s.share.share_id in by_id]
+        self._prepared[ref.uid] = (ref, devices)
+        await self._write_status(ref.uid, None)
         return shares, ""
+
+    async def _write_status(self, claim_uid: str, attach_failure: str | None) -> None:
+        """The claim's NIC entries in ``status.devices``: Ready, or AttachFailed with the reason."""
+        if self._status is None or claim_uid not in self._prepared:
+            return
+        ref, devices = self._prepared[claim_uid]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            await self._status.write_device_status(
+                ref, share_status_entries(self.config.node_name, devices, now, attach_failure)
+            )
+        except Exception as error:  # status is a report: the share itself is made, or not, regardless
+            log.warning("NIC claim status not written", claim=str(ref), error=str(error))
+            return
+        self._reported[claim_uid] = attach_failure
+        if attach_failure is not None:
+            log.warning("NIC share attach failed", claim=str(ref), error=attach_failure)
+
+    async def _report_attach_failures(self) -> None:
+        """Turn the attach hook's failure files into the claims' device conditions, and back."""
+        while True:
+            failures = await asyncio.to_thread(attach_failures, self.config.checkpoint)
+            for uid in list(self._prepared):
+                if uid not in self._reported or self._reported[uid] != failures.get(uid):
+                    await self._write_status(uid, failures.get(uid))
+            await asyncio.sleep(self._poll)
 
     async def unprepare(self, ref: ClaimRef) -> str:
         try:
             await self._blocking(self.family.unprepare, ref.uid)
             await asyncio.to_thread(cdi_spec_path(self.config.cdi_dir, ref.uid).unlink, missing_ok=True)
+            await asyncio.to_thread(clear_attach_failure, self.config.checkpoint, ref.uid)
         except Exception as error:
             return str(error)
+        if self._prepared.pop(ref.uid, None) is not None and self._status is not None:
+            self._reported.pop(ref.uid, None)
+            with contextlib.suppress(Exception):  # the claim may be gone already
+                await self._status.write_device_status(ref, [])
         return ""
 
     async def _blocking(self, work: Callable[..., Any], *args: Any) -> Any:
@@ -219,6 +293,11 @@ class NicKubeletPlugin:
 
     async def start(self) -> None:
         await self._blocking(self.family.recover)
+        if self.config.hook_in_agent_namespace:  # read by the attach hook (attach_hook)
+            await asyncio.to_thread(self.config.agent_pid_file.parent.mkdir, parents=True, exist_ok=True)
+            await asyncio.to_thread(self.config.agent_pid_file.write_text, f"{os.getpid()}\n")
+        if self._status is not None:
+            self._watcher = asyncio.create_task(self._report_attach_failures(), name="nic-attach-failures")
         self._servers = [
             await _serve(self.config.dra_socket, [self._dra_handler()]),
             await _serve(self.config.registration_socket, [self._registration_handler()]),
@@ -226,6 +305,11 @@ class NicKubeletPlugin:
         log.info("NIC kubelet plugin serving", dra_socket=str(self.config.dra_socket))
 
     async def stop(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
         for server, socket in zip(
             reversed(self._servers), (self.config.registration_socket, self.config.dra_socket), strict=False
         ):

@@ -285,6 +285,13 @@ class UplinkShaper:
         """Move the share's macvlan into the Pod's namespace as ``net1``, addressed and up.
         Already there: nothing to do. On failure the macvlan is back in this namespace, down,
         as prepare left it, so that the runtime's retry can attach it again."""
+        if _same_namespace(pod_netns_path, self._netns_path()):
+            # A hostNetwork Pod: "moving" the macvlan would leave it in the host as net1, unshaped
+            # by nothing the Pod cannot undo. Refused; the share stays as prepared.
+            raise ShapingError(
+                f"share {share.key}: the container runs in the host's network namespace (hostNetwork: true?); "
+                "a NIC share needs a Pod network namespace of its own"
+            )
         with self._ip() as ip:
             index = self._index(ip, share.host_link)
             if index is None:
@@ -316,6 +323,9 @@ class UplinkShaper:
         except Exception as error:
             self._undo_attach(share, pod_netns_path)
             raise ShapingError(f"share {share.key}: attach to {pod_netns_path} failed: {error}") from error
+
+    def _netns_path(self) -> str:
+        return f"/run/netns/{self._netns}" if self._netns else "/proc/self/ns/net"
 
     def _attached(self, share: Share, pod_netns_path: str) -> bool:
         try:
@@ -388,6 +398,15 @@ class UplinkShaper:
                 self.remove_pieces(uplink, minor, None)
             if not kept:
                 self.release_uplink(uplink)
+
+
+def _same_namespace(path: str, other: str) -> bool:
+    """Whether two namespace files name one namespace (same device and inode)."""
+    try:
+        a, b = os.stat(path), os.stat(other)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 @contextlib.contextmanager
