@@ -163,36 +163,3 @@ async def test_stop_ends_a_watch_that_is_waiting_for_events() -> None:
     await asyncio.wait_for(watch.listed.wait(), 1)
     await asyncio.wait_for(watch.stop(), 1)
     assert watch._task is None
-
-
-async def test_a_silent_watch_is_opened_again_at_once_from_where_it_was_with_no_list_and_no_backoff() -> None:
-    api = ScriptedApi([obj("a", 1)], version=5)
-    seen: list[tuple[str, str]] = []
-    watch = ListWatch(cast(KubeClient, api), "example.dev", "v1", "widgets",
-                      lambda kind, body: seen.append((kind, body["metadata"]["name"])), backoff=[60.0])
-    api.scripts.append(([("MODIFIED", obj("a", 7))], TimeoutError()))  # then silent past idle_seconds
-    api.scripts.append(([], TimeoutError()))
-    api.scripts.append(([("MODIFIED", obj("a", 9))], None))
-
-    await run_until(watch, api, watches=4)
-
-    assert api.watched_from[:4] == ["5", "7", "7", "9"], "resumed at once (a 60 s backoff would stop it at 2)"
-    assert seen == [("ADDED", "a"), ("MODIFIED", "a"), ("MODIFIED", "a")]
-    assert api.lists == 1, "an idle watch is resumed, not listed again"
-
-
-async def test_the_watch_asks_the_client_to_give_up_a_stream_silent_for_idle_seconds() -> None:
-    api = ScriptedApi([], version=5)
-    asked: list[Any] = []
-    watched = api.watch
-
-    def watch_noting_idle(path: str, **kwargs: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        asked.append(kwargs.get("idle_timeout_s"))
-        return watched(path, **kwargs)
-
-    api.watch = watch_noting_idle  # type: ignore[method-assign]  # spy on the call
-    watch = ListWatch(cast(KubeClient, api), "example.dev", "v1", "widgets", lambda *_: None, idle_seconds=12.5)
-
-    await run_until(watch, api, watches=1)
-
-    assert asked == [12.5]

@@ -26,7 +26,6 @@ from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
 from tessera.kube.lease import LeaseTiming
 from tessera.kube.objects import CLAIMS, POLICIES, Api
-from tessera.kube.watch import WATCH_IDLE_SECONDS
 
 registry = kopf.OperatorRegistry()
 
@@ -58,9 +57,6 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.standalone = True  # Kopf's peering is not leader election: the Lease decides
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    # A watch opened while a restarted apiserver fills its cache can stay silent; Kopf's 70 s
-    # default left policies and claims unseen that long (tests/integration/test_watch_recovery.py).
-    settings.watching.inactivity_timeout = WATCH_IDLE_SECONDS
     settings.networking.error_backoffs = [1, 2, 5, 10]
     env = os.environ.get
     timing = LeaseTiming(float(env("TESSERA_LEASE_DURATION", "15")), float(env("TESSERA_RENEW_DEADLINE", "10")),

@@ -277,8 +277,8 @@ class KubeClient:
 
     async def watch(self, path: str, *, resource_version: str | None = None, label_selector: str | None = None,
                     field_selector: str | None = None, send_initial_events: bool = False,
-                    timeout_seconds: int = 300, bookmarks: bool = False, restart_expired: bool = True,
-                    idle_timeout_s: float | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                    timeout_seconds: int = 300, bookmarks: bool = False,
+                    restart_expired: bool = True) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """(event type, object) until the server ends the watch after ``timeout_seconds``.
 
         From ``resource_version`` on: the changes after that version. Without it the server
@@ -292,9 +292,7 @@ class KubeClient:
         nothing for what went meanwhile; a caller that must see deletions passes
         ``restart_expired=False``, gets ``ApiError`` 410, and lists again itself. Any other
         error raises ``ApiError``, e.g. 429 while the apiserver's cache of a newly created
-        resource is still filling. ``idle_timeout_s``: a stream silent that long (no event, no
-        bookmark) raises ``TimeoutError`` (aiohttp's ``ServerTimeoutError``); without it, a
-        silent stream is given up only 30 s after the server should have ended it."""
+        resource is still filling."""
         version = resource_version
         while True:
             params = _drop_none({"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds,
@@ -303,8 +301,7 @@ class KubeClient:
             if send_initial_events:
                 params.update(sendInitialEvents="true", resourceVersionMatch="NotOlderThan")
             expired = False
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=30,
-                                            sock_read=idle_timeout_s or timeout_seconds + 30)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_seconds + 30)
             async with await self._send("GET", path, params, None, None, timeout) as response:
                 if response.status == 410:
                     expired = True

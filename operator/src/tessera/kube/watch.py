@@ -6,17 +6,8 @@ the objects, no per-object bookkeeping but a small stub of each object seen).
 looked as each page arrives, and what is gone (``DELETED`` with the stub it kept), then
 watches from the list's resourceVersion. A watch the server ends is resumed from the last
 resourceVersion seen (bookmarks included); one that fell too far behind (410 Gone) is
-replaced by a fresh list, so no deletion is missed; a watch silent for ``idle_seconds`` (no
-event, no bookmark) is resumed at once from the same resourceVersion; any other error is retried
-after a backoff. ``stop()`` ends it.
-
-Why the idle bound: a watch opened while a restarted kube-apiserver is still filling its watch
-cache can stay open and deliver nothing (seen in ``tests/integration/test_watch_recovery.py``:
-Kopf's own watches stayed silent until its 70 s inactivity timeout). Without the bound such a
-stream would be noticed only by the read timeout, 30 s after the server's ``timeoutSeconds``
-(5 min). The apiserver sends a bookmark about once a minute, so on a quiet cluster the bound
-costs one cheap watch request (served from the watch cache, no list) per watch every
-``idle_seconds``.
+replaced by a fresh list, so no deletion is missed; any other error is retried after a
+backoff. ``stop()`` ends it.
 Not for: what the events mean (the callback's business), or one-off lists
 (``tessera.kube.objects``).
 """
@@ -33,8 +24,6 @@ import structlog
 from tessera.kube.http import RETRY_BACKOFF, ApiError, KubeClient, resource_path, retry_delay
 
 log = structlog.get_logger("tessera.kube.watch")
-
-WATCH_IDLE_SECONDS = 15.0  # a watch silent this long is opened again (see the module's head)
 
 OnEvent = Callable[[str, dict[str, Any]], None]  # (ADDED | MODIFIED | DELETED, object)
 Stub = Callable[[Mapping[str, Any]], dict[str, Any]]
@@ -57,8 +46,7 @@ class ListWatch:
 
     def __init__(self, client: KubeClient, group: str, version: str, plural: str, on_event: OnEvent, *,
                  label_selector: str | None = None, stub: Stub = metadata_stub, timeout_seconds: int = 300,
-                 backoff: Sequence[float] = RETRY_BACKOFF, page_size: int = 500,
-                 idle_seconds: float = WATCH_IDLE_SECONDS) -> None:
+                 backoff: Sequence[float] = RETRY_BACKOFF, page_size: int = 500) -> None:
         self.client = client
         self.path = resource_path(group, version, plural)
         self.api_version = f"{group}/{version}" if group else version
@@ -68,7 +56,6 @@ class ListWatch:
         self.timeout_seconds = timeout_seconds
         self.backoff = tuple(backoff)
         self.page_size = page_size
-        self.idle_seconds = idle_seconds
         self.known: dict[str, dict[str, Any]] = {}  # namespace/name -> stub of the object as last seen
         self.lists = 0  # how many times it listed (the first, then one per 410 Gone)
         self.listed = asyncio.Event()  # set once the first list has been passed on
@@ -100,7 +87,6 @@ class ListWatch:
                 async for kind, body in self.client.watch(
                     self.path, resource_version=version, label_selector=self.label_selector,
                     timeout_seconds=self.timeout_seconds, bookmarks=True, restart_expired=False,
-                    idle_timeout_s=self.idle_seconds,
                 ):
                     failures = 0
                     if kind != "BOOKMARK":
@@ -108,8 +94,6 @@ class ListWatch:
                     version = str((body.get("metadata") or {}).get("resourceVersion") or version)
             except asyncio.CancelledError:
                 raise
-            except TimeoutError:  # silent for idle_seconds: not a failure, resumed from where it was
-                log.debug("watch idle; watching again", path=self.path, idle_seconds=self.idle_seconds)
             except ApiError as exc:
                 if exc.status == 410:  # too far behind: the truth is a fresh list
                     log.info("watch expired; listing again", path=self.path)
