@@ -22,7 +22,8 @@ Strategies: ``static-exclusive``, ``static-mig`` (all-balanced: 2 x 1g, 2g, 3g),
 first recuttable GPU and the first menu layout that fits it); ``tessera`` (the same menu,
 ``tessera.adaptive.choose.plan_recuts``). Both adaptive ones return free GPUs to the idle
 layout after the cooldown (``back_to_idle``), respect the cap (``maxRecuts``), wait
-``pendingAfter`` before a claim counts, and a recut GPU publishes nothing for ``--recut-seconds``
+``pendingAfter`` before a claim counts, treat a GPU never recut as past its cooldown (as the
+operator does), and a recut GPU publishes nothing for ``--recut-seconds``
 (20 s by default: real MIG changes take seconds per instance; ``bench_adaptive_e2e.py`` measures
 the whole path on a real node with simulated GPUs).
 The scheduler is first fit: nodes by name, devices in publication order, claims oldest first,
@@ -146,7 +147,7 @@ class Gpu:
     node: str
     status: GpuStatus
     layout: str
-    since: float = 0.0  # when its layout was chosen
+    since: float = -math.inf  # when its layout was chosen (never: past any cooldown, as the operator counts it)
     slots: list[Slot] = field(default_factory=list)
     recutting: bool = False
 

@@ -2,6 +2,13 @@
 
     .venv/bin/python benchmarks/bench_operator.py [--nodes 10,100,500] [--simulate 8xH100-80GB]
         [--concurrency 16] [--timeout 900] [--history] [--profile DIR]
+    .venv/bin/python benchmarks/bench_operator.py --nodes 1000,2000,5000   # as far as the machine holds
+
+Per N it also prints two lines a script can compare across runs:
+``rollout/floor N=<n>: <ratio>x (rollout <s> s, floor <s> s)`` and
+``agent requests per pass N=<n>: <k>`` (the API requests an agent pass makes, averaged over the
+rollout's passes: the NodeLayout read, the status write, and the claim guard's fence writes; the
+watches' streams are not requests per pass and are not counted).
 
 For each N: start etcd, kube-apiserver, controller manager and scheduler on loopback; apply
 ``crds/`` and ``manifests/deviceclasses.yaml``; create N Nodes in one ``kubectl create``; start
@@ -32,8 +39,10 @@ The agent fleet: 500 agent processes do not fit a 2-core machine, so one process
 node's agent. Each node has a real ``tessera.agent.service.NodeAgent`` over its own in-memory
 ``SimulatedBackend``, and its pass is the agent's own ``NodeAgent.reconcile_once`` (ensure
 the NodeLayout owned by the Node, read the spec, ``apply_layout`` on the simulated GPUs,
-``build_status``, write the status through the status subresource when it changed). Only the
-per-process plumbing differs: one watch on all NodeLayouts instead of one per node, a bounded
+``build_status``, write the status through the status subresource when it changed) with its own
+``ClaimView`` (the claim guard's fence is the agent's own write). Only the per-process plumbing
+differs: one watch on all NodeLayouts and one on all ResourceClaims instead of one each per node
+(each node's ClaimView is fed from the shared claim watch), a bounded
 pool of passes (``--concurrency``), no health thread, no HTTP server and no 30 s heartbeat
 (a heartbeat that finds nothing new rewrites an identical status, which the apiserver turns
 into a no-op).
@@ -49,6 +58,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import io
 import json
 import os
@@ -65,10 +75,13 @@ from typing import Any, TypeVar
 
 import structlog
 
+from tessera import DRIVER_NAME, INSTALL_NAMESPACE, RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.agent.backends.simulated import SimulatedBackend
+from tessera.agent.claimview import ClaimView
 from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.kube.http import ApiError, KubeClient, resource_path
 from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
+from tessera.kube.watch import ListWatch
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import _die_with_parent, free_port
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
@@ -89,6 +102,7 @@ MANAGED = "app.kubernetes.io/managed-by=tessera"
 
 log = structlog.get_logger("bench")
 T = TypeVar("T")
+PASS_OF: contextvars.ContextVar[str | None] = contextvars.ContextVar("bench_agent_pass", default=None)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -207,6 +221,13 @@ class AgentFleet:
                             api)
             for name in nodes
         }
+        for name, agent in self.agents.items():  # fed by the one claim watch below, not a watch each
+            agent.claims = ClaimView(api, driver=DRIVER_NAME, node=name, fence_namespace=INSTALL_NAMESPACE,
+                                     own_watch=False)
+        self.claim_watch = ListWatch(api, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", self._on_claim)
+        self.passes = 0
+        self.requests = 0  # API requests made inside agent passes (PASS_OF set), counted by count_requests
+        self.recording = False
         self.observed: dict[str, int | None] = {}  # generation each node's last good pass reported
         self.gpus: dict[str, int] = {}
         self.failed_passes = 0
@@ -224,15 +245,39 @@ class AgentFleet:
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._work(), name=f"fleet-{i}") for i in range(self.concurrency)]
         self._tasks.append(asyncio.create_task(self._watch(), name="fleet-watch"))
+        self.claim_watch.start()
         for name in self.agents:
             self.enqueue(name)  # the first pass creates the NodeLayout (owned by its Node)
 
     async def stop(self) -> None:
+        await self.claim_watch.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    def _on_claim(self, kind: str, body: dict[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        if meta.get("namespace") == INSTALL_NAMESPACE and name.startswith("tessera-fence-"):
+            agent = self.agents.get(name.removeprefix("tessera-fence-"))
+            if agent is not None:
+                agent.claims.feed(kind, body)
+            return
+        for agent in self.agents.values():
+            agent.claims.feed(kind, body)
+
+    def count_requests(self) -> None:
+        """Count every request the shared client sends from inside an agent pass."""
+        send = self.api._send
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.recording and PASS_OF.get() is not None:
+                self.requests += 1
+            return await send(*args, **kwargs)
+
+        self.api._send = counted  # type: ignore[method-assign]
 
     def reported(self) -> int:
         """Nodes whose NodeLayout status lists every GPU."""
@@ -248,7 +293,13 @@ class AgentFleet:
         while True:
             name = await self._queue.get()
             self._queued.discard(name)
-            status = await self.agents[name].reconcile_once()  # the agent's own pass; it logs its errors
+            token = PASS_OF.set(name)  # the guard's fence runs on the loop in a task that copies this
+            try:
+                status = await self.agents[name].reconcile_once()  # the agent's own pass; it logs its errors
+            finally:
+                PASS_OF.reset(token)
+            if self.recording:
+                self.passes += 1
             if status is None:
                 self.failed_passes += 1
                 asyncio.get_running_loop().call_later(1.0, self.enqueue, name)
@@ -565,7 +616,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
     result = Result(n)
     fig = result.figures
     phase_timeout = float(args.timeout)
-    nodes = [f"bench-{i:04d}" for i in range(n)]
+    nodes = [f"bench-{i:05d}" for i in range(n)]  # 1,000 to 5,000 and more sort as they count
     gpus = n * GPUS_PER_NODE
     print(f"\n== N={n} nodes x {GPUS_PER_NODE} GPUs ({args.simulate}) ==", flush=True)
 
@@ -578,7 +629,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
     rollout_writes = RolloutWrites()
     try:
         print(f"control plane up in {time.monotonic() - started:.1f}s", flush=True)
-        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
+        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml", ROOT / "manifests" / "namespace.yaml")
         t = time.monotonic()
         cluster.kubectl("create", "-o", "name", "-f", "-", input=node_list(nodes), timeout=phase_timeout)
         fig["create N Nodes (one kubectl create)"] = f"{time.monotonic() - t:.1f}s"
@@ -586,6 +637,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         t = time.monotonic()
         fleet = agents = AgentFleet(kube, nodes, args.simulate, args.concurrency)
         agents.writes = published.writes = rollout_writes
+        agents.count_requests()
         agents.start()
         await wait_until(lambda: agents.reported() == n, phase_timeout,
                          "every NodeLayout to report its GPUs")
@@ -616,6 +668,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         cpu_before = cpu_by_child()
         fleet_writes = fleet.status_writes()
         rollout_writes.recording = True
+        fleet.recording = True
         t0 = time.monotonic()
         cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(policy))
         published_at: float | None = None
@@ -632,6 +685,12 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         assert ready_at is not None
         after = await settle(operator, quiet=3.0, timeout=phase_timeout)
         rollout_writes.recording = False
+        fleet.recording = False
+        fences = sum(a.claims.fences for a in fleet.agents.values())
+        per_pass = fleet.requests / fleet.passes if fleet.passes else 0.0
+        fig["policy: agent passes / requests in them"] = f"{fleet.passes} / {fleet.requests} ({fences} fences)"
+        fig["agent requests per pass"] = f"{per_pass:.1f}"
+        print(f"agent requests per pass N={n}: {per_pass:.1f}", flush=True)
         quiet_at = time.monotonic() - 3.0
         cpu_after = cpu_by_child()
         fig["policy -> all 8N slices show MIG layout"] = f"{published_at - t0:.1f}s"
@@ -707,7 +766,10 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
             await restore(kube, slices_before, specs_before, concurrency)
             floors.append(await replay(kube, rollout_writes, concurrency))
             fig[f"floor: same writes raw, {concurrency} nodes at once"] = f"{floors[-1]:.1f}s"
-        fig["rollout (all slices MIG) / floor (the fastest)"] = f"{(published_at - t0) / min(floors):.2f}x"
+        ratio = (published_at - t0) / min(floors)
+        fig["rollout (all slices MIG) / floor (the fastest)"] = f"{ratio:.2f}x"
+        print(f"rollout/floor N={n}: {ratio:.2f}x (rollout {published_at - t0:.1f} s, floor {min(floors):.1f} s)",
+              flush=True)
         return result
     except BaseException:
         for process in processes.processes:

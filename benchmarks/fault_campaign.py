@@ -28,7 +28,7 @@ from tessera.localcluster.processes import TesseraProcesses  # noqa: E402
 
 async def one(seed: int, steps: int, nodes: int) -> CampaignReport:
     with LocalCluster.start() as cluster, tempfile.TemporaryDirectory(prefix="tessera-campaign-") as folder:
-        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
+        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml", ROOT / "manifests" / "namespace.yaml")
         processes = TesseraProcesses(cluster, Path(folder))
         processes.operator()
         try:

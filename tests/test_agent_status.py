@@ -70,6 +70,7 @@ def test_an_instance_in_use_makes_ready_false_with_the_reason() -> None:
     g1 = status.gpus[1]
     assert not g1.applied
     assert g1.message == ready.message
+    assert (g1.reason, status.gpus[0].reason) == ("InstanceInUse", ""), "the GPU says why; an applied one has none"
     assert [(i.profile, i.start, i.in_use) for i in g1.mig_instances] == [("1g.10gb", 5, True)]
 
 

@@ -4,6 +4,7 @@ return to the idle layout, and what the policy status says."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tessera.adaptive.layouts import status_after
@@ -216,4 +217,90 @@ async def test_a_recut_gpu_keeps_its_layout_through_the_cooldown_even_when_free(
     assert view.fleet.adaptive_choices[gpu(0).uuid] == "halves", "inside the 60 s cooldown it stays"
     clock.now += 31
     await demand.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole"
+
+
+class FakeWallClock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+async def _recut_then_free(view: View, demand: AdaptiveDemand, clock: FakeClock) -> None:
+    """GPU 0 recut to halves for a claim, applied by the agent; then the claim goes unserved."""
+    demand.claim_seen("ADDED", pending_claim("c"))
+    demand.pod_seen("ADDED", waiting_pod("p", "c"))
+    clock.now += 10
+    await demand.run_pass()
+    view.decide()
+    target = view.decisions[NODE].gpus[0].target
+    assert target is not None
+    view.fleet.set_layout(layout_body([status_after(gpu(0), target)], [target]))
+    view.decide()
+    demand.claim_seen("DELETED", pending_claim("c"))
+
+
+def _restarted(view: View, status: SharingPolicyStatus | None) -> tuple[AdaptiveDemand, FakeClock, FakeWallClock]:
+    """A new operator process: nothing in memory but what the API holds (the NodeLayout spec
+    names the menu layout; the policy status is ``status``, if it was written)."""
+    body = dict(view.fleet.policy_bodies["adaptive"])
+    if status is not None:
+        body["status"] = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    view.fleet.set_policy(body)
+    view.fleet.adaptive_choices.clear()
+
+    async def post(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        return None
+
+    clock, wall = FakeClock(), FakeWallClock()
+    clock.now = 7.0  # another process: its monotonic clock has nothing to do with the last one's
+    return AdaptiveDemand(view, post, clock=clock, wall_clock=wall), clock, wall
+
+
+async def test_the_status_records_when_each_layout_was_chosen() -> None:
+    view, _, clock, _ = setup(gpus=1)
+    wall = FakeWallClock()
+    demand = AdaptiveDemand(view, setup(gpus=1)[1].post_event, clock=clock, wall_clock=wall)
+    await _recut_then_free(view, demand, clock)
+    status = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    assert [(r.layout, r.since) for r in status.adaptive] == [("halves", "2026-12-04T12:00:00Z")]
+
+
+async def test_a_restarted_operator_counts_the_cooldown_from_the_recorded_choice() -> None:
+    view, _, clock, _ = setup(gpus=1)
+    first_wall = FakeWallClock()
+    demand = AdaptiveDemand(view, setup(gpus=1)[1].post_event, clock=clock, wall_clock=first_wall)
+    await _recut_then_free(view, demand, clock)
+    status = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+
+    restarted, clock, wall = _restarted(view, status)
+    wall.now = first_wall.now + timedelta(seconds=30)
+    await restarted.run_pass()
+    assert view.fleet.adaptive_choices.get(gpu(0).uuid) is None, "30 s after the recut: still cooling down"
+    again = restarted.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    assert again == status, "the restart rewrites no status: same layout, reason and time"
+    clock.now += 31
+    wall.now += timedelta(seconds=31)
+    await restarted.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole", "61 s after the recut the free GPU goes back"
+
+
+async def test_a_restart_without_a_recorded_time_starts_the_cooldown_then() -> None:
+    """The operator stopped before the policy status said when: the recut was at some moment
+    before the restart, so the cooldown runs from the restart, never as already passed."""
+    view, demand, clock, _ = setup(gpus=1)
+    await _recut_then_free(view, demand, clock)
+
+    restarted, clock, wall = _restarted(view, None)
+    await restarted.run_pass()
+    assert view.fleet.adaptive_choices.get(gpu(0).uuid) is None, "right after the restart: no recut back"
+    clock.now += 59
+    wall.now += timedelta(seconds=59)
+    await restarted.run_pass()
+    assert view.fleet.adaptive_choices.get(gpu(0).uuid) is None
+    clock.now += 2
+    wall.now += timedelta(seconds=2)
+    await restarted.run_pass()
     assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole"

@@ -19,10 +19,12 @@ class CountingReader:
     def __init__(self) -> None:
         self.calls: list[float] = []
         self.claims = [claim_body("held", ["gpu-0"]), claim_body("pending")]
+        self.started = asyncio.Event()  # a list is under way
 
     async def __call__(self) -> list[dict[str, Any]]:
         self.calls.append(time.monotonic())
-        await asyncio.sleep(0.05)
+        self.started.set()
+        await asyncio.sleep(0.05)  # the apiserver's answer takes a moment: callers pile up meanwhile
         return list(self.claims)
 
 
@@ -42,7 +44,7 @@ async def test_a_list_started_before_the_moment_is_never_used() -> None:
     reader = CountingReader()
     fresh = FreshClaims(reader)
     early = asyncio.create_task(fresh.since(time.monotonic()))
-    await asyncio.sleep(0.01)  # that list is under way
+    await reader.started.wait()  # that list is under way
     reader.claims.append(claim_body("allocated-since", ["gpu-1"]))
     later = time.monotonic()
 

@@ -4,6 +4,9 @@ called back when a grace ends; a GPU that grows its set of changing devices star
 
 from __future__ import annotations
 
+import asyncio
+import math
+import time
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -99,3 +102,36 @@ async def test_the_fresh_read_is_the_shared_one_no_older_than_asked() -> None:
     assert [h.key for h in holds] == ["default/held"]
     assert await rooms.claims_since(0.0) is holds, "a read after the moment asked serves again"
     assert len(reads) == 1
+
+
+async def test_nodes_handed_over_in_one_wave_share_one_grace_end_and_one_fresh_list() -> None:
+    """Taints acknowledged within half a grace end their grace at one wave boundary (never before
+    their own due), and the nodes coming back at it share one fresh list started after it."""
+    lists: list[float] = []
+
+    async def listing() -> list[dict[str, Any]]:
+        lists.append(time.monotonic())
+        await asyncio.sleep(0.05)  # the answer takes a moment: the wave's nodes join the list meanwhile
+        return [claim_body("held", ["gpu-0"])]
+
+    come_back = Callbacks()
+    rooms = Handover(FreshClaims(listing), GRACE, come_back)
+    boundary = math.ceil(time.monotonic() / 0.5) * 0.5 + 0.5
+    taints = {"node-a": boundary - 1.49, "node-b": boundary - 1.25, "node-c": boundary - 1.0}  # within 0.5 s
+    for node, tainted in taints.items():
+        assert rooms.handed_over(node, deciding(drain("GPU-a", {"gpu-0"})), now=tainted) == {}
+    ends = {node: round(tainted + delay, 6)
+            for (node, delay), tainted in zip(come_back.calls, taints.values(), strict=True)}
+    assert ends == dict.fromkeys(taints, boundary), "one grace end for the wave, never before a node's own"
+    assert rooms.wave_end(boundary + 0.01) == boundary + 0.5, "the next half-grace is the next wave"
+
+    await asyncio.sleep(max(0.0, boundary - time.monotonic()))  # the wave's end comes
+    cleared = [rooms.handed_over(node, deciding(drain("GPU-a", {"gpu-0"}))) for node in taints]
+    moments = [rooms.read_after(c) for c in cleared]
+    await asyncio.gather(*(rooms.claims_since(m) for m in moments))
+
+    assert all(c["GPU-a"][1] <= m for c, m in zip(cleared, moments, strict=True)), "each after its own grace"
+    assert len(lists) == 1, "one fresh list for the wave"
+    assert lists[0] >= boundary
+    assert rooms.read_after({"GPU-a": (frozenset({"gpu-0"}), boundary - 60)}, now=boundary + 5) == boundary + 4, (
+        "a later reconcile reads claims again, not a minute-old list")

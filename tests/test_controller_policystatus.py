@@ -180,6 +180,37 @@ def test_a_policy_the_agents_are_still_applying_is_progressing() -> None:
     assert _condition(status, "Degraded")[0] is ConditionStatus.FALSE
 
 
+def test_a_gpu_the_agent_cannot_change_makes_the_policy_degraded_with_the_agents_words() -> None:
+    """An Ampere GPU whose MIG mode waits for a reset never gets applied by itself: the policy
+    says so (Degraded ApplyBlocked, the agent's message) instead of Applying forever."""
+    spec = [_sliced(gpu(0).uuid), _sliced(gpu(1).uuid)]
+    status = [applied(gpu(0), spec[0]),
+              gpu(1).model_copy(update={"applied": False, "reason": "ResetRequired",
+                                        "message": "GPU 1: MIG mode waits for a reset (nvidia-smi -r)"})]
+    fleet = fleet_of(status, spec, policies=[policy_body("shared", **TIME_SLICED)], generation=2,
+                     observed_generation=2)
+
+    result = _status(fleet)
+
+    blocked = f"{NODE} GPU 1: MIG mode waits for a reset (nvidia-smi -r) (ResetRequired)"
+    assert _condition(result, "Degraded") == (ConditionStatus.TRUE, "ApplyBlocked", blocked)
+    in_use = [status[0], status[1].model_copy(update={"reason": "InstanceInUse", "message": "GPU 1: 1g.10gb in use"})]
+    waiting = _status(fleet_of(in_use, spec, policies=[policy_body("shared", **TIME_SLICED)], generation=2,
+                               observed_generation=2))
+    assert _condition(waiting, "Degraded")[0] is ConditionStatus.FALSE, "an instance in use clears by itself"
+    assert _condition(waiting, "Ready") == (
+        ConditionStatus.FALSE, "Blocked",
+        f"1/2 GPUs on 1 node applied; the agent waits: {NODE} GPU 1: 1g.10gb in use (InstanceInUse)")
+    applying = [status[0], status[1].model_copy(update={"reason": "Applying", "message": "GPU 1: create 1g.10gb"})]
+    under_way = fleet_of(applying, spec, policies=[policy_body("shared", **TIME_SLICED)], generation=2,
+                         observed_generation=2)
+    assert _condition(_status(under_way), "Degraded")[0] is ConditionStatus.FALSE, "work under way is not blocked"
+    assert _condition(result, "Ready") == (ConditionStatus.FALSE, "Degraded", "1/2 GPUs on 1 node applied")
+    stale = fleet_of(status, spec, policies=[policy_body("shared", **TIME_SLICED)], generation=3,
+                     observed_generation=2)
+    assert _condition(_status(stale), "Degraded")[0] is ConditionStatus.FALSE, "a report for an older spec says nothing"
+
+
 def test_a_policy_that_selects_no_gpu_says_so() -> None:
     fleet = fleet_of([gpu(0)], policies=[policy_body("shared", nodeSelector={"matchLabels": {"pool": "x"}})])
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from tessera.controller.decide import NodeDecision, decide_node
 from tessera.controller.statuswriter import PolicyStatusWriter
+from tessera.kube.http import ApiError
 from tessera.models.layout import GpuLayout
 from tessera.models.policy import Strategy, TimeSlicingSpec
 from tests.conditions import until
@@ -93,3 +94,20 @@ async def test_the_loop_writes_nothing_before_the_fleet_is_swept_and_then_writes
         with contextlib.suppress(asyncio.CancelledError):
             await loop
     assert [name for name, _ in api.statuses] == ["shared"]
+
+
+async def test_a_policy_deleted_before_its_status_is_written_is_skipped_and_the_others_are_written() -> None:
+    fleet, decisions = applied_node()
+    fleet.set_policy(policy_body("also", **TIME_SLICED))
+    api = Api()
+
+    async def patch(name: str, status: dict[str, Any]) -> None:
+        if name == "also":  # the batch was deleted between the view and the write
+            raise ApiError(404, "NotFound", 'sharingpolicies.tessera.dev "also" not found')
+        await api.patch(name, status)
+
+    writer = PolicyStatusWriter(fleet, decisions, patch, api.post)
+    await writer.write_all()  # no exception: the pass goes on
+
+    assert [name for name, _ in api.statuses] == ["shared"]
+    assert "status" not in fleet.policy_bodies["also"]

@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from tessera.controller.workqueue import RETRY_CAP, WorkQueue, failure_backoff
-from tessera.kube.http import ApiError
+from tessera.controller.workqueue import WorkQueue, failure_backoff
+from tessera.kube.http import RETRY_BACKOFF, ApiError
 from tests.conditions import until
 
 
@@ -106,9 +106,9 @@ async def test_a_failed_reconcile_is_tried_again_after_a_backoff_and_a_success_r
     assert delays == [failure_backoff(1), failure_backoff(1)], "the success between reset the count"
 
 
-def test_backoff_doubles_from_half_a_second_and_stops_at_the_cap() -> None:
-    assert [failure_backoff(n) for n in range(1, 5)] == [0.5, 1.0, 2.0, 4.0]
-    assert failure_backoff(30) == RETRY_CAP
+def test_backoff_is_tesseras_one_retry_schedule() -> None:
+    assert [failure_backoff(n) for n in range(1, 5)] == list(RETRY_BACKOFF) == [1.0, 2.0, 5.0, 10.0]
+    assert failure_backoff(30) == RETRY_BACKOFF[-1]
 
 
 async def test_later_keeps_the_earliest_of_several_requests() -> None:

@@ -17,13 +17,13 @@ from tessera.dra.devices import (
     memory_slice_counter,
     mps_memory_capacity,
 )
-from tessera.dra.limits import validate_device
 from tessera.models.catalog import MEMORY_SLICES, MODELS, model_by_key
 from tessera.models.devices import DeviceKind, parse_device_name
 from tessera.models.layout import GpuStatus, Health
 from tessera.models.policy import MpsMemory, MpsSpec, ShareStrategy, Strategy
 from tessera.models.quantity import MIB, quantity_value
 from tests.dra_gpus import dynamic_gpu, every_strategy, gpu, instance, mig_gpu, mps_gpu, time_sliced_gpu
+from tests.dra_limits import validate_device
 
 GIB = 1024**3
 

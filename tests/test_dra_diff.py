@@ -7,10 +7,10 @@ import itertools
 from typing import Any
 
 from tessera.dra.diff import SlicePlan, SliceRef, carry_taint_times, plan_slice_writes, slice_differs
-from tessera.dra.limits import validate_pool
 from tessera.dra.slices import NodeRef, build_node_slices
 from tessera.models.layout import GpuStatus, Health
 from tests.dra_gpus import NODE_UID, dynamic_gpu, every_strategy, gpu, mig_gpu
+from tests.dra_limits import validate_pool
 
 NODE = NodeRef("gpu-node-1", NODE_UID)
 POOL = NODE.name

@@ -1,4 +1,4 @@
-"""The offline ResourceSlice validators (tessera.dra.limits) refuse what the apiserver refuses."""
+"""The offline ResourceSlice validators (tests/dra_limits.py) refuse what the apiserver refuses."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tessera.dra.limits import validate_device, validate_pool, validate_slice
 from tessera.dra.slices import NodeRef, build_node_slices
 from tests.dra_gpus import NODE_UID, dynamic_gpu, gpu, mps_gpu, time_sliced_gpu
+from tests.dra_limits import validate_device, validate_pool, validate_slice
 
 NODE = NodeRef("n1", NODE_UID)
 

@@ -8,8 +8,7 @@ from typing import Any
 import pytest
 
 from tessera import DRIVER_NAME
-from tessera.dra.devices import GpuDevices
-from tessera.dra.limits import validate_pool
+from tessera.dra.devices import GpuDevices, build_gpu_devices
 from tessera.dra.slices import (
     NodeRef,
     build_node_slices,
@@ -20,6 +19,7 @@ from tessera.dra.slices import (
 from tessera.models.catalog import MODELS
 from tessera.models.layout import Health, NodeLayoutStatus
 from tests.dra_gpus import NODE_UID, dynamic_gpu, every_strategy, gpu, mig_gpu
+from tests.dra_limits import validate_pool
 
 NODE = NodeRef("gpu-node-1", NODE_UID)
 
@@ -81,12 +81,14 @@ def test_two_builds_are_byte_identical_whatever_the_input_order() -> None:
     assert first == second
 
 
-def test_output_is_sorted() -> None:
-    slices = build_node_slices(NODE, every_strategy())
+def test_output_is_sorted_and_devices_keep_their_gpus_packing_order() -> None:
+    gpus = every_strategy()
+    slices = build_node_slices(NODE, gpus)
     assert names(slices) == sorted(names(slices))
+    packing_order = [d["name"] for g in gpus for d in build_gpu_devices(g).devices]
     for s in slices:
         devices = [d["name"] for d in s["spec"].get("devices", [])]
-        assert devices == sorted(devices)
+        assert devices == [n for n in packing_order if n in devices]
         for d in s["spec"].get("devices", []):
             assert list(d["attributes"]) == sorted(d["attributes"])
             assert list(d["capacity"]) == sorted(d["capacity"])

@@ -71,11 +71,11 @@ def test_a_token_file_is_read_again_after_a_minute(tmp_path: Path, monkeypatch: 
     now = [1000.0]
     monkeypatch.setattr(kube_http.time, "monotonic", lambda: now[0])
     client = KubeClient(Credentials(server="http://k", token_file=str(token)))
-    assert client._bearer_token() == "first"
+    assert client._file_token() == "first"
     token.write_text("second\n")
-    assert client._bearer_token() == "first", "within the minute: the token read before"
+    assert client._file_token() == "first", "within the minute: the token read before"
     now[0] += kube_http.TOKEN_REREAD_SECONDS
-    assert client._bearer_token() == "second"
+    assert client._file_token() == "second"
 
 
 def test_an_error_answer_becomes_api_error_with_the_status_reason_and_details() -> None:

@@ -27,6 +27,7 @@ class ScriptedApi:
         self.watched_from: list[str | None] = []
         self.page_size = 2
         self.before_error: Callable[[], None] = lambda: None  # what changes while the watch is down
+        self.quiet = asyncio.Event()  # set once a watch finds no script left: all was passed on
 
     async def list_page(self, path: str, *, label_selector: str | None = None, limit: int | None = None,
                         continue_: str | None = None, **_: Any) -> dict[str, Any]:
@@ -43,6 +44,7 @@ class ScriptedApi:
                     **_: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         self.watched_from.append(resource_version)
         if not self.scripts:
+            self.quiet.set()
             await asyncio.Event().wait()  # a quiet watch, until cancelled
         events, error = self.scripts.pop(0)
         for event in events:
@@ -53,12 +55,11 @@ class ScriptedApi:
 
 
 async def run_until(watch: ListWatch, api: ScriptedApi, watches: int) -> None:
+    """Run the loop until it has played every script and sits in a quiet watch (so every event
+    before it was passed on), having started at least ``watches`` watches."""
     watch.start()
-    for _ in range(200):
-        if len(api.watched_from) >= watches and not api.scripts:
-            break
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(api.quiet.wait(), timeout=5)
+    assert len(api.watched_from) >= watches
     await watch.stop()
 
 

@@ -88,7 +88,7 @@ def test_install_file_is_every_part_in_install_order() -> None:
     assert kinds[0] == "Namespace"
     last_crd = max(i for i, k in enumerate(kinds) if k == "CustomResourceDefinition")
     assert last_crd < kinds.index("ServiceAccount"), "CRDs come before anything that could refer to them"
-    assert kinds[-2:] == ["Deployment", "DaemonSet"], "workloads come last, after their accounts and RBAC"
+    assert kinds[-3:] == ["Deployment", "DaemonSet", "DaemonSet"], "workloads come last, after their accounts and RBAC"
 
 
 def test_render_install_names_a_missing_part() -> None:
@@ -188,7 +188,26 @@ def test_agent_mounts_only_the_host_paths_the_code_uses() -> None:
     for name, path in host_paths.items():
         assert mounts[name] == path, "host paths appear at the same path inside, so CDI specs name host paths"
     assert "/dev" not in host_paths.values(), "a privileged container already sees the GPU device nodes"
-    assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod)
+    assert not {"hostNetwork", "hostIPC"} & set(pod)
+    assert pod["hostPID"] is True, "the agent checks the MPS host's daemons by their pids"
+
+
+def test_mps_daemons_run_in_a_pod_of_their_own_that_a_rollout_of_the_agent_leaves_alone() -> None:
+    agent = agent_pod()
+    assert env_of(agent["containers"][0])["TESSERA_MPS_DAEMONS"] == "host"
+    daemon_set = one("DaemonSet", "tessera-mps-host")
+    assert daemon_set["spec"]["updateStrategy"] == {"type": "OnDelete"}, "deleting its Pod ends every daemon"
+    pod = daemon_set["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["nodeSelector"] == agent["nodeSelector"]
+    assert pod["automountServiceAccountToken"] is False, "it never talks to the API"
+    (container,) = pod["containers"]
+    assert container["args"] == ["mps-host"]
+    agent_root = env_of(agent["containers"][0])["TESSERA_MPS_ROOT"]
+    assert env_of(container)["TESSERA_MPS_ROOT"] == agent_root
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {"mps": agent_root}
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["mps"] == agent_root
 
 
 def test_agent_runs_on_gpu_nodes_with_its_node_name_and_a_backend_switch() -> None:
@@ -205,14 +224,14 @@ def test_agent_runs_on_gpu_nodes_with_its_node_name_and_a_backend_switch() -> No
     assert {p["name"]: p["containerPort"] for p in container["ports"]}["metrics"] == int(env["TESSERA_METRICS_PORT"])
 
 
-def test_only_the_agent_is_privileged_and_root() -> None:
+def test_only_the_agent_and_the_mps_host_are_privileged_and_root() -> None:
     privileged = []
     for doc in install():
         if doc["kind"] in ("Deployment", "DaemonSet"):
             for container in doc["spec"]["template"]["spec"]["containers"]:
                 if container.get("securityContext", {}).get("privileged"):
                     privileged.append(doc["metadata"]["name"])
-    assert privileged == ["tessera-agent"]
+    assert privileged == ["tessera-agent", "tessera-mps-host"]
     (container,) = agent_pod()["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
 
@@ -220,8 +239,10 @@ def test_only_the_agent_is_privileged_and_root() -> None:
 def test_every_tessera_variable_in_the_manifests_is_read_by_the_cli() -> None:
     agent_cli = (SRC / "cli" / "agent.py").read_text()
     operator_cli = (SRC / "cli" / "operator.py").read_text()
-    for workload, source in (("DaemonSet", agent_cli), ("Deployment", operator_cli)):
-        doc = next(d for d in install() if d["kind"] == workload)
+    mps_host_cli = (SRC / "cli" / "mpshost.py").read_text()
+    for workload, source in (("tessera-agent", agent_cli), ("tessera-operator", operator_cli),
+                             ("tessera-mps-host", mps_host_cli)):
+        doc = next(d for d in install() if d["metadata"]["name"] == workload and "template" in d.get("spec", {}))
         for name in env_of(doc["spec"]["template"]["spec"]["containers"][0]):
             if name.startswith("TESSERA_"):
                 suffix = name.removeprefix("TESSERA_")
@@ -236,7 +257,7 @@ def test_images_are_pinned_to_the_package_version() -> None:
         if d["kind"] in ("Deployment", "DaemonSet")
         for c in d["spec"]["template"]["spec"]["containers"]
     ]
-    assert images == [f"{IMAGE_REPOSITORY}:{tessera.__version__}"] * 2
+    assert images == [f"{IMAGE_REPOSITORY}:{tessera.__version__}"] * 3
     run_sh = (ROOT / "e2e" / "run.sh").read_text()
     assert f"{IMAGE_REPOSITORY}:{tessera.__version__}" in run_sh
 
@@ -286,6 +307,7 @@ AGENT_RESOURCES = {
     ("resource.k8s.io", "resourceclaims"): [
         ("agent/plugin/claims.py", "read_resource_claim("),
         ("kube/claims.py", "api.list("),
+        ("agent/claimview.py", '"resourceclaims", self.feed'),
     ],
     ("resource.k8s.io", "resourceclaims/status"): [("kube/claimstatus.py", 'subresource="status"')],
     ("resource.k8s.io", "resourceclaims/driver"): [("kube/claimstatus.py", '"apply"')],
@@ -333,7 +355,12 @@ def test_agent_cannot_write_specs_slices_or_other_objects() -> None:
     no_update = "no update: the spec is the operator's"
     assert agent[("tessera.dev", "nodelayouts")] == {"get", "list", "watch", "create"}, no_update
     assert agent[("tessera.dev", "nodelayouts/status")] == {"update"}
-    assert agent[("resource.k8s.io", "resourceclaims")] == {"get", "list"}, "read claims, never write them"
+    assert agent[("resource.k8s.io", "resourceclaims")] == {"get", "list", "watch"}, "read claims, never write them"
+    fence_roles = [d for d in install() if d["kind"] == "Role" and d["metadata"]["name"] == "tessera-agent-fence"]
+    assert [(d["metadata"]["namespace"], granted(d["rules"])) for d in fence_roles] == [
+        (tessera.INSTALL_NAMESPACE, {("resource.k8s.io", "resourceclaims"): {"create", "patch"}})
+    ], "it writes claims only in the install's namespace: its fence claim (tessera.agent.claimview)"
+    assert "write_claim_fence(" in (SRC / "agent/claimview.py").read_text()
     assert agent[("resource.k8s.io", "resourceclaims/status")] == {"patch"}
     assert agent[("resource.k8s.io", "resourceclaims/driver")] == {"associated-node:patch"}
     (driver_rule,) = [r for r in rules("ClusterRole", "tessera-agent") if "resourceclaims/driver" in r["resources"]]

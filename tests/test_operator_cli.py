@@ -1,4 +1,5 @@
-"""``tessera operator``'s flags: numbers in range, clear errors for the rest."""
+"""``tessera operator``'s flags: numbers in range, clear errors for the rest; its defaults and
+``tessera agent``'s are the constants they mirror."""
 
 from __future__ import annotations
 
@@ -6,7 +7,10 @@ import argparse
 
 import pytest
 
+from tessera.agent.service import AgentConfig
+from tessera.cli import agent as agent_cli
 from tessera.cli.operator import add_arguments
+from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -18,7 +22,24 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_workers_and_grace_are_read_within_their_ranges() -> None:
     args = parse("--workers", "32", "--handover-grace", "2.5")
     assert (args.workers, args.handover_grace) == (32, 2.5)
-    assert parse().workers == 8
+
+
+def test_the_defaults_are_the_controllers_constants(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TESSERA_WORKERS", raising=False)
+    monkeypatch.delenv("TESSERA_HANDOVER_GRACE", raising=False)
+    args = parse()
+    assert (args.workers, args.handover_grace) == (DEFAULT_WORKERS, DEFAULT_HANDOVER_GRACE)
+
+
+def test_the_agents_defaults_are_its_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("METRICS_PORT", "METRICS_HOST", "RESYNC_SECONDS", "HEALTH_RECOVERY_SECONDS"):
+        monkeypatch.delenv(f"TESSERA_{name}", raising=False)
+    parser = argparse.ArgumentParser()
+    agent_cli.add_arguments(parser)
+    args = parser.parse_args([])
+    config = AgentConfig(node_name="n")
+    assert (args.metrics_port, args.metrics_host, args.resync_seconds, args.health_recovery_seconds) == (
+        config.metrics_port, config.metrics_host, config.resync_seconds, config.health_recovery_seconds)
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -163,3 +163,10 @@ def test_simulated_device_nodes_come_from_their_host_folder_at_the_usual_contain
 def test_without_a_dev_root_device_nodes_are_the_hosts_own() -> None:
     devices, common = build_cdi_devices(UID, [access("gpu-1", "GPU-a")])
     assert claim_spec(devices, common)["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia1"}]
+
+
+def test_a_spec_is_written_into_a_cdi_folder_that_a_reboot_left_missing(tmp_path: Path) -> None:
+    cdi_dir = tmp_path / "run" / "cdi"  # /var/run is tmpfs: empty after a reboot
+    path = write_claim_spec(cdi_dir, "uid-1", claim_spec([]))
+    assert path.parent == cdi_dir
+    assert path.is_file()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tessera import DRIVER_NAME
 from tessera.agent.backends.simulated import SIM_DRIVER_VERSION, SimulatedBackend
 from tessera.agent.plugin.cdi import spec_file_name
 from tessera.agent.plugin.checkpoint import (
@@ -25,8 +26,9 @@ from tessera.agent.plugin.checkpoint import (
     save_checkpoint,
 )
 from tessera.agent.plugin.claims import ClaimError, ClaimRef
-from tessera.agent.plugin.prepare import ClaimPreparer
+from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
 from tests.plugin_helpers import (
+    GPU_SPEC,
     MPS,
     NODE,
     STATIC,
@@ -157,6 +159,32 @@ async def test_mps_share_gets_the_pipe_folder_and_the_limits_it_was_allocated(
         "options": ["rw", "nosuid", "nodev", "bind"],
     }]
     assert prepared.devices[0].share_id == "share-1"
+
+
+async def test_an_mps_share_of_a_daemon_run_by_mps_daemons_also_mounts_its_log_folder(
+    reader: FakeClaimReader, dirs: PluginDirs, tmp_path: Path
+) -> None:
+    root = tmp_path / "mps"
+    backend = SimulatedBackend.from_spec(NODE, GPU_SPEC, mps_root=str(root), mps_processes=True)
+    try:
+        gpu1 = gpu(backend, 1)
+        backend.start_mps(gpu1.uuid)
+        plugin = preparer(backend, reader, dirs)
+        await plugin.restore()
+        body = claim("mps", result(MPS, share_id="share-1", consumed={"memory": "10Gi", "compute": "25"}))
+        reader.add(body)
+        await plugin.prepare(ref(body))
+        spec = spec_of(dirs, body)
+        assert env_of(spec)["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+        assert env_of(spec)["CUDA_MPS_LOG_DIRECTORY"] == "/var/log/nvidia-mps"
+        assert [(m["hostPath"], m["containerPath"]) for m in spec["devices"][0]["containerEdits"]["mounts"]] == [
+            (str(root / gpu1.uuid / "pipe"), "/tmp/nvidia-mps"), (str(root / gpu1.uuid / "log"), "/var/log/nvidia-mps"),
+        ]
+        assert (root / gpu1.uuid / "log").is_dir(), "a mount's source must exist, or the runtime refuses the container"
+    finally:
+        assert backend.daemons is not None
+        backend.daemons.kill_all()
+        backend.close()
 
 
 def admin(body: dict[str, Any]) -> dict[str, Any]:
@@ -499,6 +527,51 @@ async def test_a_restarted_plugin_knows_its_claims_and_holds_their_devices_again
     assert reader.reads == 2, "the restarted plugin answered from its checkpoint"
     await second.unprepare(ref(dyn))
     assert gpu(restarted_backend, 2).instances == ()
+
+
+async def test_after_a_reboot_the_checkpoints_claims_are_forgotten_and_a_pod_that_comes_back_is_prepared_anew(
+    reader: FakeClaimReader, dirs: PluginDirs, tmp_path: Path
+) -> None:
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-1\n")
+    backend = make_backend()
+
+    def plugin() -> ClaimPreparer:
+        settings = PreparerSettings(driver=DRIVER_NAME, node=NODE, cdi_dir=dirs.cdi, checkpoint_path=dirs.checkpoint,
+                                    proc_root=dirs.proc, boot_id_file=boot)
+        return ClaimPreparer(backend, reader, settings)
+
+    first = plugin()
+    await first.restore()
+    whole, mps = claim("whole", result(WHOLE)), claim("mps", result(MPS, share_id="s", consumed={"compute": "25"}))
+    reader.add(whole, mps)
+    await first.prepare(ref(whole))
+    await first.prepare(ref(mps))
+    written = load_checkpoint(dirs.checkpoint)
+    assert written is not None
+    assert written.boot_id == "boot-1"
+    # A reboot: no process holds anything, /var/run/cdi is empty again but for a spec left over.
+    for uuid in first.in_use_device_uuids():
+        for holder in backend.hardware.holders(uuid):
+            backend.release(uuid, holder)
+    (dirs.cdi / spec_file_name(whole["metadata"]["uid"])).unlink()
+    boot.write_text("boot-2\n")
+
+    second = plugin()
+    await second.restore()
+    assert second.claims == {}, "nothing prepared in an earlier boot is in use now"
+    assert second.in_use_device_uuids() == frozenset()
+    assert not list(dirs.cdi.glob("*.json")), "stale CDI specs are removed"
+    saved = load_checkpoint(dirs.checkpoint)
+    assert saved is not None
+    assert (saved.boot_id, saved.claims) == ("boot-2", {})
+    again = await second.prepare(ref(whole))  # the kubelet prepares the claim of a Pod that comes back
+    assert (dirs.cdi / spec_file_name(whole["metadata"]["uid"])).is_file()
+    assert holders(backend, again.devices[0].device_uuid or "") == [whole["metadata"]["uid"]]
+
+    same_boot = plugin()  # an agent restart within boot-2 keeps what boot-2 prepared
+    await same_boot.restore()
+    assert same_boot.claims == second.claims
 
 
 async def test_a_crash_between_create_and_checkpoint_is_cleaned_up_by_unprepare(

@@ -36,7 +36,8 @@ def _node_names(cluster: LocalCluster) -> set[str]:
 
 @pytest.fixture(scope="module")
 def tessera(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TesseraProcesses]:
-    cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
+    # The install's namespace holds each agent's fence claim (tessera.agent.claimview).
+    cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml", ROOT / "manifests" / "namespace.yaml")
     processes = TesseraProcesses(cluster, tmp_path_factory.mktemp("tessera"))
     processes.operator()
     try:

@@ -4,7 +4,9 @@ just before the agent would destroy it keeps its device, and the agent says whic
 1. The race, exactly: the reconciler plans a destroy from the hardware, and the allocation is
    written (acknowledged by the apiserver) after that plan and before the destroy runs. The
    guard reads claims right before the destroy, so it sees the allocation. Seeded rounds pick
-   which instance is claimed and whether the claim lands before or after the plan.
+   which instance is claimed and whether the claim lands before or after the plan. The claims
+   come from a cluster-wide quorum list, or from the agent's ``ClaimView`` (one claim watch,
+   proved current by its fence claim), which must see the allocation just as surely.
 2. The agent process: a claim allocated, then at once a spec that would remove its instance;
    the agent keeps it, reports ``InstanceInUse`` naming the claim, and finishes the layout once
    the claim is gone.
@@ -19,16 +21,17 @@ import random
 import subprocess
 import sys
 import uuid as uuidlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tessera import DRIVER_NAME
+from tessera import DRIVER_NAME, INSTALL_NAMESPACE
 from tessera.agent.backends.base import GpuInfo, Inventory
 from tessera.agent.backends.simulated import SimulatedBackend, SimulatedHardware, parse_simulate_spec
 from tessera.agent.claimguard import ClaimGuard
+from tessera.agent.claimview import ClaimView
 from tessera.agent.reconciler import BlockReason, OpKind, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
@@ -42,6 +45,7 @@ from tests.integration.kube_helpers import get_or_none
 pytestmark = pytest.mark.integration
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "tessera.dev_nodelayouts.yaml"
+NAMESPACE_YAML = Path(__file__).resolve().parents[2] / "manifests" / "namespace.yaml"  # the fence claims' home
 SEED = int(os.environ.get("TESSERA_RACE_SEED", "20261202"))
 
 
@@ -84,19 +88,28 @@ class AllocateAfterPlan(SimulatedBackend):
         return seen
 
 
+@pytest.mark.parametrize("source", ["list", "fenced-watch"])
 async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
-    cluster: LocalCluster, namespace: str
+    cluster: LocalCluster, namespace: str, source: str
 ) -> None:
     rng = random.Random(SEED)
     api = KubeClient.from_environment(str(cluster.kubeconfig))
     loop = asyncio.get_running_loop()
+    cluster.apply(NAMESPACE_YAML)
+    views: list[ClaimView] = []
 
-    def list_claims() -> Sequence[Mapping[str, Any]]:
-        return asyncio.run_coroutine_threadsafe(list_resource_claims(api), loop).result(30)
+    def claims_of(node: str) -> Callable[[], Sequence[Mapping[str, Any]]]:
+        if source == "list":
+            return lambda: asyncio.run_coroutine_threadsafe(list_resource_claims(api), loop).result(30)
+        view = ClaimView(api, driver=DRIVER_NAME, node=node, fence_namespace=INSTALL_NAMESPACE)
+        view.start()
+        views.append(view)
+        return lambda: asyncio.run_coroutine_threadsafe(view.fresh(), loop).result(30)
 
     try:
         for round_no in range(6):
             node = f"race-{uuidlib.uuid4().hex[:6]}"
+            list_claims = claims_of(node)
             backend = AllocateAfterPlan(SimulatedHardware(node, parse_simulate_spec("1xH100-80GB")))
             gpu: GpuInfo = backend.inventory().gpus[0]
             two = NodeLayoutSpec(gpus=[mig(gpu.uuid, ("3g.40gb", 0), ("3g.40gb", 4))])
@@ -126,7 +139,12 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
             assert f"ResourceClaim {namespace}/{name} is allocated device {device}" in result.refusals[0][1].message
             if start == 4:  # destroys run in slice order: the unclaimed 3g.40gb@0 went first
                 assert ("3g.40gb", 0) not in left, f"{where}: the unclaimed instance was spared"
+        for view in views:
+            assert view.fences >= 1, "the guard's read was proved current by the fence"
+            assert view.fallback_lists == 0, "no cluster-wide list"
     finally:
+        for view in views:
+            await view.stop()
         await api.close()
 
 
@@ -136,7 +154,7 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
 @pytest.fixture
 def agent(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A Ready Node and its agent process (1 simulated H100, no kubelet plugin)."""
-    cluster.apply(CRD)
+    cluster.apply(CRD, NAMESPACE_YAML)
     node = f"guard-{uuidlib.uuid4().hex[:8]}"
     cluster.add_node(node, labels={"nvidia.com/gpu.present": "true"})
     state = tmp_path / "gpus.json"

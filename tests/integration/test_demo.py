@@ -1,5 +1,6 @@
 """The README's first command works: ``tessera demo --exit`` starts its own control plane,
-runs the operator and three simulated nodes, and shows every workload placed — on real nodes
+runs the operator and three simulated nodes, and shows every workload placed (one after an
+adaptive recut of an idle GPU for it) — on real nodes
 (kubelet + containerd) with what each container printed where the machine allows them, and
 otherwise (or with ``--no-real-nodes``) prepared by the demo playing the kubelet's part."""
 
@@ -33,7 +34,12 @@ def assert_placed(out: str) -> None:
     assert "gpu-0-mig-3g-40gb-4          share shared    39.5Gi  <- vllm-0 (compute 50%, memory 20Gi)" in out
     assert "<- llama-70b-0" in out
     assert out.count("(compute 10%, memory 10Gi)") == 3, "three notebooks share the A100 through MPS"
-    assert "MIG instances: 3g.71gb@0" in out, "the DynamicMIG instance is made at prepare time"
+    assert "MIG instances: 3g.71gb@4" in out, "made at prepare time, where it fragments least"
+    # The adaptive policy: slice-0 waited for a 3g slice nothing published, and GPU 2 was recut.
+    assert re.search(r"^Recut for a waiting Pod: slice-0-gpu-\S+: GPU 2 on demo-h100 is being recut to layout "
+                     r"'halves' of SharingPolicy inference-adaptive for this claim$", out, re.M), out
+    assert re.search(r"^      adaptive layout: halves \(recut for claim tessera-demo/slice-0-gpu-\S+\)$", out, re.M)
+    assert re.search(r"^      gpu-2-mig-3g-40gb-[04] +mig +39\.5Gi  <- slice-0$", out, re.M)
 
 
 def test_demo_without_real_nodes_places_and_prepares_every_workload() -> None:
@@ -46,6 +52,7 @@ def test_demo_without_real_nodes_places_and_prepares_every_workload() -> None:
         "notebook-0",
         "notebook-1",
         "notebook-2",
+        "slice-0",
         "trainer-0",
         "vllm-0",
     ]
@@ -61,7 +68,8 @@ def test_demo_on_real_nodes_shows_what_each_container_printed() -> None:
     assert_placed(out)
     printed = out.split("What each container printed (kubectl logs)")[1]
     rows = dict(re.findall(r"^  (\S+-\d)\s+(.*)$", printed, re.M))
-    assert sorted(rows) == ["llama-70b-0", "notebook-0", "notebook-1", "notebook-2", "trainer-0", "vllm-0"]
+    assert sorted(rows) == ["llama-70b-0", "notebook-0", "notebook-1", "notebook-2", "slice-0", "trainer-0", "vllm-0"]
+    assert re.fullmatch(r"NVIDIA_VISIBLE_DEVICES=MIG-[0-9a-f-]+", rows["slice-0"])
     assert re.fullmatch(r"NVIDIA_VISIBLE_DEVICES=GPU-[0-9a-f-]+", rows["llama-70b-0"])
     assert re.fullmatch(r"NVIDIA_VISIBLE_DEVICES=MIG-[0-9a-f-]+", rows["trainer-0"])
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50" in rows["vllm-0"]
@@ -70,6 +78,6 @@ def test_demo_on_real_nodes_shows_what_each_container_printed() -> None:
         assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10" in rows[notebook]
         assert re.search(r"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=GPU-[0-9a-f-]+=10240M", rows[notebook])
     devices = re.findall(r"^\s+/dev: (.*)$", printed, re.M)
-    assert len(devices) == 6
+    assert len(devices) == 7
     assert all({"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} <= set(d.split()) for d in devices)
     assert "nvidia1" in devices[0].split(), "llama-70b-0 holds the second H100 whole"

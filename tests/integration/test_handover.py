@@ -11,6 +11,7 @@ import json
 import os
 import random
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +40,8 @@ from tests.integration.kube_helpers import (
     wait_devices,
     wait_policy,
 )
+
+ROOT = Path(__file__).resolve().parents[2]  # so the operator's Python finds tests.integration.lagging_operator
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +92,8 @@ async def test_a_policy_and_a_claim_applied_together_leave_the_claim_on_a_device
     for process in [p for p in tessera.processes if p.name == "operator"]:
         process.stop()
         tessera.processes.remove(process)
-    tessera.operator("operator", env={"TESSERA_FAULT_CLAIM_WATCH_DELAY": "1.0"})
+    tessera.operator("operator", env={"TESSERA_CLAIM_EVENT_LAG": "1.0", "PYTHONPATH": str(ROOT)},
+                     module="tests.integration.lagging_operator")
     node = "race-a"
     gpu_node(cluster, tessera, node, "race", "1xH100-80GB")
     await wait_devices(cluster, node, lambda d: "gpu-0" in d, "the unmanaged whole GPU to be published")

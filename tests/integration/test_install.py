@@ -259,7 +259,11 @@ RBAC_MATRIX = [
     (AGENT_SA, "patch", "nodelayouts.tessera.dev", ["--subresource=status"], False),
     (AGENT_SA, "create", "resourceslices.resource.k8s.io", [], False),
     (AGENT_SA, "list", "resourceclaims.resource.k8s.io", ["--all-namespaces"], True),
-    (AGENT_SA, "watch", "resourceclaims.resource.k8s.io", ["--all-namespaces"], False),
+    (AGENT_SA, "watch", "resourceclaims.resource.k8s.io", ["--all-namespaces"], True),  # the claim guard's view
+    (AGENT_SA, "create", "resourceclaims.resource.k8s.io", ["-n", INSTALL_NAMESPACE], True),  # its fence claim
+    (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["-n", INSTALL_NAMESPACE], True),
+    (AGENT_SA, "create", "resourceclaims.resource.k8s.io", ["-n", "team-a"], False),
+    (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["-n", "team-a"], False),
     (AGENT_SA, "update", "resourceclaims.resource.k8s.io", ["--subresource=status", "-n", "team-a"], False),
     (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["--subresource=status", "-n", "team-a"], True),
     (AGENT_SA, "associated-node:patch", "resourceclaims.resource.k8s.io/gpu.tessera.dev",

@@ -15,7 +15,6 @@ from tessera.controller.publisher import SlicePublisher
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.devices import build_gpu_devices, with_drain_taints
 from tessera.dra.diff import plan_slice_writes
-from tessera.dra.limits import validate_slice
 from tessera.dra.slices import NodeRef, build_node_slices
 from tessera.kube.http import ApiError, KubeClient
 from tessera.kube.objects import Api
@@ -25,6 +24,7 @@ from tessera.localcluster.workloads import claim_template, on_node, pod_with_cla
 from tessera.models.layout import Health
 from tessera.models.quantity import quantity_value
 from tests.dra_gpus import every_strategy
+from tests.dra_limits import validate_slice
 from tests.integration.kube_helpers import apply, get, unschedulable
 
 pytestmark = pytest.mark.integration

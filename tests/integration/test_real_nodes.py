@@ -28,7 +28,7 @@ from tessera.agent.backends.simulated import SimulatedHardware
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait_for
 from tessera.localcluster.images import BUSYBOX_IMAGE
-from tessera.localcluster.nodes import SIMULATED_STATE_DIR, RealNode, real_nodes_possible
+from tessera.localcluster.nodes import KUBELET_ROOT, SIMULATED_STATE_DIR, RealNode, real_nodes_possible
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
 from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim, show_devices_args
 from tessera.models.quantity import parse_quantity
@@ -423,3 +423,115 @@ async def test_real_and_kubelet_less_nodes_mix_in_one_cluster(real: RealCluster,
     assert pod_phase(real, namespace, "cheap-0") == "Pending", "no kubelet runs it: it stays bound and Pending"
     real.cluster.kubectl("delete", "pod", "cheap-0", "-n", namespace, "--grace-period=0", "--force")
     await delete_pods(real, namespace, "beside-0")
+
+
+# -- a node reboot ---------------------------------------------------------------------------
+
+
+def published(real: RealCluster, node: str) -> dict[str, bool]:
+    """Device name -> whether it carries a taint, of every device published for ``node``."""
+    slices = get(real, "resourceslices", "--field-selector", f"spec.nodeName={node}")["items"]
+    return {d["name"]: bool(d.get("taints")) for s in slices for d in s["spec"].get("devices") or []}
+
+
+def running_since(real: RealCluster, namespace: str, pod: str, after: str) -> bool:
+    """The Pod's container runs, started again after ``after`` (its previous container ID)."""
+    statuses = get(real, "pod", pod, "-n", namespace)["status"].get("containerStatuses") or [{}]
+    return bool(statuses[0].get("state", {}).get("running")) and statuses[0].get("containerID") not in (None, after)
+
+
+async def test_a_node_reboot_brings_back_the_layout_the_devices_and_the_pods_and_forgets_the_rest(
+    real: RealCluster, namespace: str
+) -> None:
+    from tessera.agent.backends.simreboot import power_cycle
+    from tessera.agent.plugin.checkpoint import load_checkpoint
+
+    for name in ("real-whole", "real-mig", "real-mps"):
+        await policy_ready(real, name)
+    node = real.nodes[NODE_A]
+    mig = f'has({ATTRS}.migProfile) && {ATTRS}.migProfile == "3g.40gb"'
+    small = f'has({ATTRS}.migProfile) && {ATTRS}.migProfile == "1g.10gb"'
+    await start_pods(real, namespace, NODE_A, claim_template("rb-mig", namespace, "mig.tessera.dev", mig), ["rb-mig"])
+    mps = claim_template("rb-mps", namespace, "shared-gpu.tessera.dev", f'{ATTRS}.sharing == "MPS"', {"memory": "4Gi"})
+    await start_pods(real, namespace, NODE_A, mps, ["rb-mps"])
+    await start_pods(real, namespace, NODE_A, claim_template("rb-gone", namespace, "mig.tessera.dev", small),
+                     ["rb-gone"])
+    before = published(real, NODE_A)
+    assert before
+    assert not any(before.values())
+    containers = {p: get(real, "pod", p, "-n", namespace)["status"]["containerStatuses"][0]["containerID"]
+                  for p in ("rb-mig", "rb-mps")}
+    gone_claim = get(real, "pod", "rb-gone", "-n", namespace)["metadata"]["uid"]
+    layout_before = sorted((i.profile_id, i.start) for i in real.hardware(NODE_A).snapshot().gpus[1].instances)
+    assert layout_before, "the MIG layout exists before the reboot"
+
+    def while_off() -> None:
+        # The Pod deleted while its node is down never comes back (forced: no kubelet answers).
+        real.cluster.kubectl("delete", "pod", "rb-gone", "-n", namespace, "--grace-period=0", "--force")
+        power_cycle(real.hardware(NODE_A))
+        dev = node.host_path(f"{SIMULATED_STATE_DIR}/dev")
+        for entry in dev.iterdir() if dev.is_dir() else []:
+            entry.unlink()  # device nodes as at boot: the driver makes them when it loads (the agent here)
+
+    started = time.monotonic()
+    await asyncio.to_thread(node.reboot, while_off)
+    assert real.hardware(NODE_A).snapshot().gpus[1].instances == [], "the reboot took the MIG instances"
+    booted = time.monotonic()
+    agent = real.restart_agent(NODE_A)  # the DaemonSet's Pod starts again on the rebooted node
+
+    def all_published_again() -> bool:
+        # The devices the operator publishes exist again: the agent re-made the layout on the reset
+        # GPUs (the slices alone would not tell: while the node is down they keep what the agent
+        # last reported, and the re-made instances get the same names and UUIDs).
+        remade = [(i.profile_id, i.start) for i in real.hardware(NODE_A).snapshot().gpus[1].instances]
+        return sorted(remade) == layout_before and published(real, NODE_A) == before
+
+    await wait_for(all_published_again, timeout=180, interval=0.5,
+                   message="every device of the node published again, untainted")
+    republished = time.monotonic()
+    for pod, previous in containers.items():
+        try:
+            await wait_for(lambda p=pod, c=previous: running_since(real, namespace, p, c), timeout=180, interval=1,
+                           message=f"{pod} running again after the reboot")
+        except TimeoutError as error:
+            status = json.dumps(get(real, "pod", pod, "-n", namespace)["status"].get("containerStatuses"))[:1500]
+            events = real.cluster.kubectl("get", "events", "-n", namespace, "--field-selector",
+                                          f"involvedObject.name={pod}", check=False).stdout[-2500:]
+            kubelet = (node.folder / "logs" / "kubelet.log").read_text(errors="replace").splitlines()
+            raise AssertionError(f"{error}\n{status}\n{events}\nkubelet:\n" + "\n".join(
+                line[:400] for line in kubelet[-40:]) + f"\nagent:\n{agent.tail(30)}") from error
+    pods_back = time.monotonic()
+    print(f"\nreboot of {NODE_A}: kubelet and containerd back {booted - started:.1f}s, layout re-made and every "
+          f"device published again {republished - started:.1f}s, Pods running again {pods_back - started:.1f}s "
+          "after the reboot began")
+
+    # The Pods got their devices again: fresh CDI specs, the layout's instances, an MPS daemon.
+    hardware = real.hardware(NODE_A).snapshot()
+    mig_uuids = {i.uuid for i in hardware.gpus[1].instances}
+    env, devices = seen(real, namespace, "rb-mig")
+    assert env["NVIDIA_VISIBLE_DEVICES"] in mig_uuids, (env, mig_uuids)
+    assert devices
+    env, _ = seen(real, namespace, "rb-mps")
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == hardware.gpus[2].uuid
+    assert list(node.host_path("/run/tessera/mps").glob(f"{hardware.gpus[2].uuid}/pipe/control")), "MPS runs again"
+
+    # Nothing of the Pod that did not come back: not in the checkpoint, no CDI spec, no hold.
+    claims = {p: get(real, "pod", p, "-n", namespace)["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+              for p in containers}
+    uids = {get(real, "resourceclaim", c, "-n", namespace)["metadata"]["uid"] for c in claims.values()}
+    checkpoint = load_checkpoint(node.host_path(f"{KUBELET_ROOT}/plugins/gpu.tessera.dev/checkpoint.json"))
+    assert checkpoint is not None
+    assert set(checkpoint.claims) == uids, "only the claims of the Pods that came back are prepared"
+    specs = {p.name for p in node.host_path("/var/run/cdi").glob("*.json")}
+    assert all(any(uid in name for uid in uids) for name in specs), specs
+    assert len(specs) == len(uids)
+    holders = {holder for held in hardware.holds.values() for holder in held}
+    assert holders <= uids, f"holds after the reboot: {hardware.holds}"
+    assert gone_claim not in holders
+    assert agent_events(agent, "the node rebooted since the checkpoint was written: its claims are no longer prepared")
+
+    # The operator's view converges: every policy of the node is Ready again.
+    for name in ("real-whole", "real-mig", "real-mps", "real-drain"):
+        await policy_ready(real, name)
+    await delete_pods(real, namespace, *containers)

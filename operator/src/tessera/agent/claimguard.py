@@ -4,8 +4,9 @@ The operator hands a GPU over safely before it writes a new layout (taint, wait,
 but the scheduler, the operator and the agent race, and a claim allocated in between must
 still keep its device. So right before the reconciler runs an operation that destroys or
 reshapes published devices (``tessera.agent.reconciler.devices_changed``: destroy a MIG
-instance, toggle MIG mode, start or stop MPS, change time-slicing), ``ClaimGuard`` reads every
-ResourceClaim fresh from the API and refuses with ``InstanceInUse`` — naming the claim — when
+instance, toggle MIG mode, start or stop MPS, change time-slicing), ``ClaimGuard`` reads the
+claims as fresh as a quorum read (the agent's ``ClaimView``: its watch, proved current by a
+fence; or a list of every claim) and refuses with ``InstanceInUse`` — naming the claim — when
 an allocation of our driver in this node's pool names one of those devices. When the claims
 cannot be read, it refuses with ``ClaimCheckFailed``: nothing is destroyed on a guess.
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from tessera.agent.backends.base import GpuInfo
 from tessera.agent.reconciler import Blocker, BlockReason, Operation, devices_changed
+from tessera.models.allocation import allocation_results, claim_key
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
 
@@ -36,30 +38,23 @@ class ClaimedDevice:
 
 def allocated_devices_on_node(claims: Sequence[Mapping[str, Any]], driver: str, node: str) -> list[ClaimedDevice]:
     """Every device of ``driver`` in ``node``'s pool (pool name = node name) that an allocation
-    names, whether or not the claim is prepared or reserved yet. An admin-access result (a
-    monitoring claim looking at the device) holds nothing: it never keeps a device alive, as the
-    operator's drain does not wait for it either."""
-    out: list[ClaimedDevice] = []
-    for claim in claims:
-        meta = claim.get("metadata") or {}
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for result in (allocation.get("devices") or {}).get("results") or []:
-            if result.get("driver") == driver and result.get("pool") == node and result.get("adminAccess") is not True:
-                out.append(
-                    ClaimedDevice(
-                        claim=f"{meta.get('namespace', '')}/{meta.get('name', '')}",
-                        device=str(result.get("device", "")),
-                        shared=bool(result.get("shareID")),
-                    )
-                )
+    names, whether or not the claim is prepared or reserved yet; what a claim holds (an
+    admin-access result holds nothing) is ``tessera.models.allocation``'s answer, the same one
+    the operator's handover reads."""
+    out = [
+        ClaimedDevice(claim=claim_key(claim), device=result.device, shared=result.shared)
+        for claim in claims
+        for result in allocation_results(claim, driver, pool=node)
+    ]
     return sorted(out, key=lambda c: (c.device, c.claim))
 
 
 class ClaimGuard:
     """A reconciler guard: refuse an operation that would change a device a claim is allocated.
 
-    ``list_claims`` returns every ResourceClaim of the cluster, read fresh (blocking; it is
-    called from the reconciler's worker thread). ``published`` is the status the agent last
+    ``list_claims`` returns ResourceClaims, at least every one whose allocation names this node's
+    pool, with every change committed before the call (blocking; it is called from the
+    reconciler's worker thread). ``published`` is the status the agent last
     wrote, i.e. what the slices show; ``spec`` is the layout being applied."""
 
     def __init__(

@@ -22,7 +22,7 @@ Route = Callable[[], tuple[int, str, bytes]]  # () -> (status, content type, bod
 REQUEST_TIMEOUT_SECONDS = 10.0
 MAX_HEAD_BYTES = 16 * 1024
 TEXT = "text/plain; charset=utf-8"
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("tessera.agent")
 
 
 class MetricsServer:

@@ -52,7 +52,7 @@ from tessera.models.layout import GpuLayout, GpuStatus, Health, NodeLayoutSpec, 
 from tessera.models.policy import MpsSpec, ShareStrategy, Strategy, TimeSliceInterval
 from tessera.models.quantity import parse_quantity
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("tessera.agent")
 
 
 class OpKind(StrEnum):

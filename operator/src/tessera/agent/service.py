@@ -13,8 +13,9 @@ heartbeat is due. It serves Prometheus metrics on ``/metrics`` and liveness on `
 (503 once no pass has finished for three resync periods) through ``tessera.agent.metricsserver``.
 
 Before an operation destroys or reshapes a published device, the reconciler asks a
-``ClaimGuard``, which reads every ResourceClaim fresh from the API (``tessera.kube.claims``)
-and refuses when an allocation names the device (``tessera.agent.claimguard``).
+``ClaimGuard``, which reads the claims naming this node's devices, proved current by a fence
+(``tessera.agent.claimview``: one claim watch per agent instead of a cluster-wide list per
+operation), and refuses when an allocation names the device (``tessera.agent.claimguard``).
 
 The DRA kubelet plugin shares the backend; it calls ``request_resync()`` after it creates or
 destroys an instance so the status follows at once.
@@ -34,22 +35,30 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from tessera import DRIVER_NAME
+from tessera import DRIVER_NAME, INSTALL_NAMESPACE
 from tessera.agent.backends.base import BackendError, DeviceBackend
 from tessera.agent.claimguard import ClaimGuard
+from tessera.agent.claimview import ClaimView
 from tessera.agent.health import HealthTracker
 from tessera.agent.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, MetricsRegistry
 from tessera.agent.metricsserver import TEXT, MetricsServer
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
-from tessera.kube.claims import list_resource_claims
 from tessera.kube.http import ApiError, KubeClient, retry_delay
-from tessera.kube.nodelayouts import ensure_node_layout, get_node_layout, watch_node_layout, write_node_layout_status
+from tessera.kube.nodelayouts import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    ensure_node_layout,
+    get_node_layout,
+    write_node_layout_status,
+)
+from tessera.kube.watch import ListWatch
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 from tessera.models.nics import NicStatus
 
 AGENT_VERSION = "0.1.0"
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("tessera.agent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +68,8 @@ class AgentConfig:
     metrics_host: str = "0.0.0.0"  # a DaemonSet's metrics port listens on the pod IP
     metrics_port: int | None = 9464  # None: no HTTP server
     health_poll_seconds: float = 5.0
-    claim_check_timeout_seconds: float = 15.0  # reading every ResourceClaim before a destroy
+    claim_check_timeout_seconds: float = 15.0  # proving the claims current before a destroy
+    fence_namespace: str = INSTALL_NAMESPACE  # where the agent's fence claim lives (tessera.agent.claimview)
     health_recovery_seconds: float | None = 600.0  # an unhealthy GPU clears after this long quiet
 
 
@@ -152,6 +162,9 @@ class NodeAgent:
         self.nic_inventory: Callable[[], Sequence[NicStatus]] | None = None
         self._last_pass_done: float | None = None
         self.http_port: int | None = None  # the bound port, once serving
+        self.claims = ClaimView(api, driver=DRIVER_NAME, node=config.node_name,
+                                fence_namespace=config.fence_namespace,
+                                timeout_s=config.claim_check_timeout_seconds)
         self.passes = 0
 
     # -- for the kubelet plugin and tests --
@@ -185,7 +198,10 @@ class NodeAgent:
         http = await self._serve_http(port) if port is not None else None
         health_thread = threading.Thread(target=self._health_events, name="gpu-health-events", daemon=True)
         health_thread.start()
-        watcher = asyncio.create_task(self._watch(), name="nodelayout-watch")
+        watcher = ListWatch(self.api, GROUP, VERSION, PLURAL, self._layout_event,
+                            field_selector=f"metadata.name={self.config.node_name}")
+        watcher.start()
+        self.claims.start()
         try:
             await self._ensure_layout()
             failures = 0
@@ -195,9 +211,8 @@ class NodeAgent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.next_pass_in(failures))
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await watcher.stop()
+            await self.claims.stop()
             self._stopping.set()
             self._halt.set()
             await asyncio.to_thread(health_thread.join, 1.0)  # a daemon thread: a blocked wait does not hold exit
@@ -214,7 +229,7 @@ class NodeAgent:
         return min(retry_delay(failures - 1), self.config.resync_seconds)
 
     async def _ensure_layout(self) -> None:
-        delay = 1.0
+        attempt = 0
         while not self._stopping.is_set():
             try:
                 await ensure_node_layout(self.api, self.config.node_name)
@@ -222,8 +237,8 @@ class NodeAgent:
             except (LookupError, ApiError) as e:
                 log.warning("cannot get or create the NodeLayout yet", node=self.config.node_name, error=str(e))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=delay)
-                delay = min(delay * 2, 30.0)
+                    await asyncio.wait_for(self._stopping.wait(), timeout=retry_delay(attempt))
+                attempt += 1
 
     async def reconcile_once(self) -> NodeLayoutStatus | None:
         """One pass: read the spec, apply it, write the status. Errors are logged, not raised."""
@@ -300,33 +315,26 @@ class NodeAgent:
             self.metrics.pass_seconds.observe(time.monotonic() - started)
 
     def _claim_guard(self, spec: NodeLayoutSpec, previous: NodeLayoutStatus | None) -> ClaimGuard:
-        """The reconciler's last line: claims read fresh from the API before each destroy. The
-        reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
+        """The reconciler's last line: this node's claims, proved current, before each destroy.
+        The reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
         loop = asyncio.get_running_loop()
         timeout = self.config.claim_check_timeout_seconds
 
         def list_claims() -> list[dict[str, Any]]:
-            future = asyncio.run_coroutine_threadsafe(list_resource_claims(self.api, timeout), loop)
-            return future.result(timeout + 5)
+            future = asyncio.run_coroutine_threadsafe(self.claims.fresh(), loop)
+            return future.result(2 * timeout + 5)  # the fence's write, then its echo
 
         return ClaimGuard(list_claims, driver=DRIVER_NAME, node=self.config.node_name, spec=spec, published=previous)
 
-    async def _watch(self) -> None:
-        """Wake the loop when the NodeLayout changes; the watch restarts when the server ends it."""
-        while not self._stopping.is_set():
-            try:
-                async for kind, obj in watch_node_layout(self.api, self.config.node_name):
-                    status_only = self._status is not None and obj.get("metadata", {}).get(
-                        "generation"
-                    ) == self._status.observed_generation
-                    if kind == "DELETED" or not status_only:
-                        self._wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a broken watch is logged and restarted, never fatal
-                log.warning("NodeLayout watch ended", error=str(e))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=2.0)
+    def _layout_event(self, kind: str, obj: dict[str, Any]) -> None:
+        """Wake the loop when the NodeLayout changes (or goes), not for the echo of the status
+        it wrote itself. ``ListWatch`` keeps the watch going: resumed where the server ended it,
+        a fresh list after 410 Gone, other failures retried on ``retry_delay``'s schedule."""
+        status_only = self._status is not None and (obj.get("metadata") or {}).get(
+            "generation"
+        ) == self._status.observed_generation
+        if kind == "DELETED" or not status_only:
+            self._wake.set()
 
     def _health_events(self) -> None:
         """Thread: block on the backend's health events, count them, wake the loop."""

@@ -123,8 +123,11 @@ def gpu_status(
         if i.uuid is not None  # a GI without its CI is not a usable device; the reconciler heals it
     ]
     message = "; ".join(b.message for b in plan.blockers) if plan is not None else ""
+    reason = plan.blockers[0].reason.value if plan is not None and plan.blockers else ""
     if not applied and not message and plan is not None:
         message = "; ".join(op.describe() for op in plan.operations)
+    if not applied and not reason:
+        reason = "Applying"
     return GpuStatus(
         uuid=gpu.uuid,
         index=gpu.index,
@@ -153,6 +156,7 @@ def gpu_status(
         health_message=gpu.health_message,
         applied=applied,
         message=message[:4096],
+        reason=reason,
     )
 
 

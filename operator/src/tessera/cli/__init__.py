@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("tessera.cli.demo", "run Tessera on a local control plane with simulated GPU nodes"),
     "status": ("tessera.cli.status", "per node and GPU: the layout, the published devices and the claims holding them"),
     "nic-attach": ("tessera.cli.nicattach", "CDI createRuntime hook: put a claim's NIC shares into the Pod's netns"),
+    "mps-host": ("tessera.cli.mpshost", "start MPS control daemons for the node agent, outside its container"),
 }
 
 # name -> third-party modules made unimportable before that subcommand's module is imported, so
@@ -30,7 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 # rich (about 3 MiB resident, with pygments) whenever it is installed, only to draw exceptions on
 # a terminal; the agent runs on every GPU node and logs JSON there (on a terminal, tracebacks are
 # plain). Only the operator needs rich installed (common-expression-language).
-LEFT_OUT: dict[str, tuple[str, ...]] = {"agent": ("rich",)}
+LEFT_OUT: dict[str, tuple[str, ...]] = {"agent": ("rich",), "mps-host": ("rich",)}
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "tessera", only: Sequence[str] | None = None) -> int:

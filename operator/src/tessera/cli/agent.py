@@ -36,7 +36,8 @@ from tessera.models.nics import LinkState, NicStatus
 if TYPE_CHECKING:
     from tessera.agent.nics.plugin import NicKubeletPlugin
 
-log = structlog.get_logger(__name__)
+log = structlog.get_logger("tessera.agent")
+DEFAULTS = AgentConfig(node_name="")  # the flags' defaults are the config's own
 
 
 @overload
@@ -79,27 +80,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=int(_env("METRICS_PORT", "9464") or "9464"),
+        default=int(_env("METRICS_PORT", str(DEFAULTS.metrics_port)) or str(DEFAULTS.metrics_port)),
         help="/metrics and /healthz port, 0 for any free port, -1 for none (TESSERA_METRICS_PORT)",
     )
     parser.add_argument(
-        "--metrics-host", default=_env("METRICS_HOST", "0.0.0.0"), help="address to listen on (TESSERA_METRICS_HOST)"
+        "--metrics-host", default=_env("METRICS_HOST", DEFAULTS.metrics_host),
+        help="address to listen on (TESSERA_METRICS_HOST)",
     )
     parser.add_argument(
         "--resync-seconds",
         type=float,
-        default=float(_env("RESYNC_SECONDS", "30") or "30"),
+        default=float(_env("RESYNC_SECONDS", str(DEFAULTS.resync_seconds)) or DEFAULTS.resync_seconds),
         help="reconcile and heartbeat at least this often (TESSERA_RESYNC_SECONDS)",
     )
     parser.add_argument(
         "--mps-root", default=_env("MPS_ROOT", "/run/tessera/mps"), help="MPS pipe and log folders (TESSERA_MPS_ROOT)"
     )
     parser.add_argument(
+        "--mps-daemons",
+        choices=("agent", "host"),
+        default=_env("MPS_DAEMONS", "agent"),
+        help="who starts MPS control daemons: the agent itself (a local process), or the node's MPS host "
+        "(`tessera mps-host`, a Pod of its own, so daemons outlive the agent's container) (TESSERA_MPS_DAEMONS)",
+    )
+    parser.add_argument(
         "--health-recovery-seconds",
         type=float,
-        default=float(_env("HEALTH_RECOVERY_SECONDS", "600") or "600"),
+        default=float(_env("HEALTH_RECOVERY_SECONDS", str(DEFAULTS.health_recovery_seconds))
+                      or str(DEFAULTS.health_recovery_seconds)),
         help="an unhealthy GPU (fatal XID, ECC) is healthy again after this long without a new error; "
-        "0: only a GPU reset clears it (TESSERA_HEALTH_RECOVERY_SECONDS, default 600)",
+        "0: only a GPU reset clears it "
+        f"(TESSERA_HEALTH_RECOVERY_SECONDS, default {DEFAULTS.health_recovery_seconds:g})",
     )
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "info"), help="TESSERA_LOG_LEVEL")
     parser.add_argument(
@@ -198,11 +209,11 @@ def make_backend(args: argparse.Namespace) -> DeviceBackend:
         # MPS daemons are real stand-in processes, as an agent on a real node runs real ones.
         return SimulatedBackend.from_spec(
             args.node_name, args.simulate, args.state_file, args.mps_root, mps_processes=True,
-            device_dir=args.simulated_dev_dir,
+            device_dir=args.simulated_dev_dir, mps_host=args.mps_daemons == "host",
         )
     from tessera.agent.backends.nvml import NvmlBackend
 
-    return NvmlBackend(mps_root=args.mps_root)
+    return NvmlBackend(mps_root=args.mps_root, mps_host=args.mps_daemons == "host")
 
 
 async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClient) -> None:

@@ -3,7 +3,9 @@
 Builds (first time) and starts the local control plane, installs the CRDs and DeviceClasses,
 runs the operator and three simulated GPU nodes (H100, A100, H200), applies sample
 SharingPolicies and workloads, waits until the scheduler has placed them, and prints per node
-and GPU: the layout, the published devices, and which claims got what. Where the machine
+and GPU: the layout, the published devices, and which claims got what. One policy is Adaptive:
+a Pod asks for a 3g slice nothing publishes, waits, and the operator recuts that policy's idle
+GPU for it (the demo prints the AdaptiveRecut Event and the GPU's adaptive layout and reason). Where the machine
 allows real nodes (root, runc can run; ``tessera.localcluster.nodes``) the three nodes are
 real: a kubelet and containerd each, the agents run as their DaemonSet would, the Pods really
 run, and the picture ends with what each container printed (its device variables and
@@ -30,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from tessera import DRIVER_NAME
 from tessera.cli.kubelet_standin import ClaimRef, prepare
 from tessera.dra.deviceclasses import device_classes
 from tessera.localcluster import LocalCluster, LocalClusterError, ensure_binaries
@@ -39,6 +42,7 @@ from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.processes import TesseraProcesses
 from tessera.localcluster.workloads import claim_template, pod_with_claim, show_devices_args
+from tessera.models.allocation import allocation_results
 from tessera.models.attributes import COMPUTE_CAPACITY, MEMORY_CAPACITY
 from tessera.models.crd import crds
 from tessera.models.quantity import format_bytes, parse_quantity
@@ -54,7 +58,7 @@ class DemoNode:
 
 
 NODES = (
-    DemoNode("demo-h100", "2xH100-80GB", {"pool": "inference"}),
+    DemoNode("demo-h100", "3xH100-80GB", {"pool": "inference"}),
     DemoNode("demo-a100", "1xA100-80GB", {"pool": "notebooks"}),
     DemoNode("demo-h200", "1xH200-141GB", {"pool": "training"}),
 )
@@ -84,6 +88,27 @@ spec:
   priority: 50
   nodeSelector: {matchLabels: {pool: inference}}
   strategy: Exclusive
+---
+# GPU 2 of every inference node follows demand: whole while nobody asks for less; recut to two
+# 3g halves when a Pod waits for a 3g slice that nothing published can give it.
+apiVersion: tessera.dev/v1alpha1
+kind: SharingPolicy
+metadata: {name: inference-adaptive}
+spec:
+  priority: 75
+  nodeSelector: {matchLabels: {pool: inference}}
+  gpuSelector: {cel: 'device.attributes["gpu.tessera.dev"].index == 2'}
+  strategy: Adaptive
+  adaptive:
+    layouts:
+      - name: whole
+      - name: halves
+        strategy: MIG
+        mig: {profiles: {"3g.40gb": 2}}
+    idle: whole
+    cooldown: 10m
+    maxRecuts: 1
+    pendingAfter: 2s
 ---
 # Notebook GPUs are shared by MPS: 10Gi and 10% of the SMs per notebook by default.
 apiVersion: tessera.dev/v1alpha1
@@ -133,12 +158,17 @@ def workloads(runnable: bool = False) -> list[Any]:
         _template("whole-gpu", "whole-gpu.tessera.dev"),
         _template("notebook-10gi", "shared-gpu.tessera.dev", capacity={"memory": "10Gi"}),
         _template("mig-3g-71gb", "mig.tessera.dev", profile_is + '"3g.71gb"'),
+        _template("mig-3g-40gb", "mig.tessera.dev", profile_is + '"3g.40gb"'),
         _pod("vllm-0", "mig-3g-20gi", "inference", "vllm/vllm-openai:latest", ["--model", "Qwen/Qwen2.5-7B-Instruct"],
              runnable),
         _pod("llama-70b-0", "whole-gpu", "inference", "vllm/vllm-openai:latest",
              ["--model", "meta-llama/Llama-3.1-70B"], runnable),
         *(_pod(f"notebook-{i}", "notebook-10gi", "notebooks", "jupyter/pytorch-notebook:latest", [], runnable)
           for i in range(3)),
+        # No published device is a plain 3g.40gb instance: this Pod waits until the adaptive
+        # policy recuts its idle GPU for it.
+        _pod("slice-0", "mig-3g-40gb", "inference", "nvcr.io/nvidia/pytorch:25.01-py3", ["python", "eval.py"],
+             runnable),
         _pod("trainer-0", "mig-3g-71gb", "training", "nvcr.io/nvidia/pytorch:25.01-py3", ["python", "train.py"],
              runnable),
     ]
@@ -234,6 +264,8 @@ def _run(args: argparse.Namespace) -> int:
         _wait_ready(target, [p["metadata"]["name"] for p in yaml.safe_load_all(POLICIES)], args.timeout, processes)
         target.apply_objects(pods)
         _wait_placed(target, [p["metadata"]["name"] for p in pods], args.timeout)
+        for line in recut_events(target):
+            _say(f"Recut for a waiting Pod: {line}")
         prepared: list[str] = []
         if real:
             _say("Waiting for the kubelets to prepare the claims and run the Pods...")
@@ -313,6 +345,12 @@ def _wait_placed(target: Any, pods: list[str], timeout: float) -> None:
         time.sleep(0.5)
 
 
+def recut_events(target: Any) -> list[str]:
+    """The AdaptiveRecut Events on the demo's claims: which GPU was recut, for which claim."""
+    events = target.get_json("events", "-n", NAMESPACE, "--field-selector", "reason=AdaptiveRecut")["items"]
+    return sorted(f"{e['involvedObject']['name']}: {e.get('message', '')}" for e in events)
+
+
 def _wait_running(target: Any, pods: list[str], timeout: float) -> None:
     """Until every Pod runs and has printed its devices (its last line is "ready")."""
     deadline = time.monotonic() + timeout
@@ -375,11 +413,7 @@ def _prepare_like_the_kubelet(target: Any, processes: TesseraProcesses, nodes: l
 def _wait_agents_caught_up(target: Any, nodes: list[str], timeout: float) -> None:
     """Until the agents report every DynamicMIG instance their plugins made at prepare time."""
     claims = target.get_json("resourceclaims", "-n", NAMESPACE)["items"]
-    wanted = sum(
-        "-dyn-" in r["device"]
-        for c in claims
-        for r in (c.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
-    )
+    wanted = sum("-dyn-" in r.device for c in claims for r in allocation_results(c, DRIVER_NAME))
     deadline = time.monotonic() + timeout
     while True:
         layouts = [n for n in target.get_json("nodelayouts")["items"] if n["metadata"]["name"] in nodes]
@@ -407,16 +441,21 @@ def _memory(device: dict[str, Any]) -> str:
 def picture(target: Any, nodes: list[str]) -> str:
     """Per node and GPU: layout, published devices, and the claims each device serves."""
     layouts = {n["metadata"]["name"]: n for n in target.get_json("nodelayouts")["items"]}
+    adaptive = {
+        row["gpu"]: row
+        for p in target.get_json("sharingpolicies")["items"]
+        for row in (p.get("status") or {}).get("adaptive") or ()
+    }
     slices = target.get_json("resourceslices")["items"]
     claims = target.get_json("resourceclaims", "-n", NAMESPACE)["items"]
     pods = {p["metadata"]["name"]: p for p in target.get_json("pods", "-n", NAMESPACE)["items"]}
     users: dict[tuple[str, str], list[str]] = {}
     for claim in claims:
         owner = next((r["name"] for r in claim["metadata"].get("ownerReferences", []) if r["kind"] == "Pod"), "?")
-        for result in (claim.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", []):
-            consumed = result.get("consumedCapacity") or {}
+        for result in allocation_results(claim, DRIVER_NAME, include_admin_access=True):
+            consumed = result.consumed_capacity
             extra = ", ".join(f"{k} {_quantity_text(k, v)}" for k, v in sorted(consumed.items()))
-            users.setdefault((result["pool"], result["device"]), []).append(
+            users.setdefault(result.key, []).append(
                 f"{owner}" + (f" ({extra})" if extra else "")
             )
     lines = []
@@ -436,6 +475,9 @@ def picture(target: Any, nodes: list[str]) -> str:
                 f"  GPU {gpu['index']}  {gpu['productName']}  {gpu['memoryMib'] / 1024:.0f}GiB"
                 f"  strategy {gpu['strategy']}  policy {policy}"
             )
+            chosen = adaptive.get(gpu.get("uuid", ""))
+            if chosen is not None:
+                lines.append(f"      adaptive layout: {chosen['layout']} ({chosen.get('reason') or 'no reason given'})")
             if gpu.get("migInstances"):
                 cut = "  ".join(f"{i['profile']}@{i['start']}" for i in gpu["migInstances"])
                 lines.append(f"      MIG instances: {cut}")

@@ -16,6 +16,7 @@ from typing import TypeVar
 import kopf
 from prometheus_client import start_http_server
 
+from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS
 from tessera.kube.lease import LeaseTiming
 from tessera.log import configure_logging
 
@@ -38,6 +39,7 @@ def _within(kind: Callable[[str], N], what: str, low: N, high: N) -> Callable[[s
 _seconds = _within(float, "seconds", 0.0, 60.0)
 _lease_seconds = _within(float, "seconds", 0.1, 300.0)
 _workers = _within(int, "workers", 1, 256)
+DEFAULTS = LeaseTiming()  # client-go's lease timing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,11 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="liveness probe at /healthz (0: off)")
     parser.add_argument("--metrics-port", type=int, default=int(env("TESSERA_METRICS_PORT", "9090")),
                         help="Prometheus metrics at /metrics (0: off)")
-    parser.add_argument("--handover-grace", type=_seconds, default=_seconds(env("TESSERA_HANDOVER_GRACE", "1")),
+    parser.add_argument("--handover-grace", type=_seconds,
+                        default=_seconds(env("TESSERA_HANDOVER_GRACE", str(DEFAULT_HANDOVER_GRACE))),
                         help="seconds between tainting devices that will change and re-reading the claims "
-                        "(scheduling cycles under way finish first); default 1")
-    parser.add_argument("--workers", type=_workers, default=_workers(env("TESSERA_WORKERS", "8")),
-                        help="nodes reconciled at once (a reconcile mostly waits on the API); default 8")
+                        f"(scheduling cycles under way finish first); default {DEFAULT_HANDOVER_GRACE:g}")
+    parser.add_argument("--workers", type=_workers, default=_workers(env("TESSERA_WORKERS", str(DEFAULT_WORKERS))),
+                        help=f"nodes reconciled at once (a reconcile mostly waits on the API); "
+                        f"default {DEFAULT_WORKERS}")
     parser.add_argument("--ready-port", type=int, default=int(env("TESSERA_READY_PORT", "8081")),
                         help="readiness probe at /readyz: 200 'leader' or 'standby' once the view is read (0: off)")
     lease = parser.add_argument_group("leader election (a coordination.k8s.io Lease; client-go's defaults)")
@@ -61,14 +65,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lease.add_argument("--leader-identity", default=env("TESSERA_LEADER_IDENTITY", ""),
                        help="default: $POD_NAME (else the host name) and a random suffix")
     lease.add_argument("--lease-duration", type=_lease_seconds,
-                       default=_lease_seconds(env("TESSERA_LEASE_DURATION", "15")),
-                       help="seconds a standby waits after the lease last changed before it takes it; default 15")
+                       default=_lease_seconds(env("TESSERA_LEASE_DURATION", str(DEFAULTS.lease_duration))),
+                       help="seconds a standby waits after the lease last changed before it takes it; "
+                       f"default {DEFAULTS.lease_duration:g}")
     lease.add_argument("--renew-deadline", type=_lease_seconds,
-                       default=_lease_seconds(env("TESSERA_RENEW_DEADLINE", "10")),
-                       help="seconds after its last renewal that a leader stops writing; default 10")
+                       default=_lease_seconds(env("TESSERA_RENEW_DEADLINE", str(DEFAULTS.renew_deadline))),
+                       help="seconds after its last renewal that a leader stops writing; "
+                       f"default {DEFAULTS.renew_deadline:g}")
     lease.add_argument("--retry-period", type=_lease_seconds,
-                       default=_lease_seconds(env("TESSERA_RETRY_PERIOD", "2")),
-                       help="seconds between renewals (and a candidate's tries); default 2")
+                       default=_lease_seconds(env("TESSERA_RETRY_PERIOD", str(DEFAULTS.retry_period))),
+                       help="seconds between renewals (and a candidate's tries); "
+                       f"default {DEFAULTS.retry_period:g}")
     parser.add_argument("--log-level", default=env("TESSERA_LOG_LEVEL", "info"))
     parser.add_argument("--log-json", action="store_true", default=env("TESSERA_LOG_JSON") == "1",
                         help="JSON logs even on a terminal")

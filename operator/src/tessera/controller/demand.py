@@ -14,7 +14,9 @@ room (``tessera.adaptive.choose.plan_recuts``) what to recut. A recut is only a 
 as for any layout change (taint, grace, a fresh claim list, then the spec) and the agent's
 claim guard checks again, unchanged. GPUs whose devices are all free go back to the idle
 layout once their cooldown has passed, unless the pass has just planned them for a claim, so
-alternating demand recuts a GPU at most once per cooldown.
+alternating demand recuts a GPU at most once per cooldown. The moment of each choice is kept in
+the policy status (``adaptive[].since``), so a restarted operator counts the cooldown from it
+rather than from its own start.
 
 People hear of it: an Event on the claim when a GPU is recut for it, one Warning (once per
 claim) when no layout of any menu could ever satisfy it, and metrics: pending claims, recuts,
@@ -30,6 +32,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
@@ -75,7 +78,22 @@ class ControllerView(Protocol):
 class _Choice:
     layout: str
     reason: str
-    since: float  # monotonic time it was chosen (-inf: before this process knew the GPU)
+    since: float  # monotonic time it was chosen (-inf: never chosen, as far as anyone recorded)
+    chosen_at: str | None = None  # the same instant in RFC 3339, as the policy status keeps it
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _parse_rfc3339(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 PODS = ("", "v1", "pods")
@@ -139,11 +157,13 @@ class AdaptiveDemand:
         *,
         interval: float = DEFAULT_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.controller = controller
         self.post_event = post_event
         self.interval = interval
         self.clock = clock
+        self.wall_clock = wall_clock
         self.classes = class_selectors(device_classes())
         self.claims: dict[str, ClaimDemand] = {}  # unallocated claims on our classes
         self.unschedulable_since: dict[str, float] = {}  # claim -> first seen with an Unschedulable Pod
@@ -235,10 +255,8 @@ class AdaptiveDemand:
                 spec = view.layout.spec.for_gpu(gpu.uuid)
                 current = spec.menu_layout if spec is not None and spec.menu_layout else policy.spec.adaptive.idle
                 choice = self.choices.get(gpu.uuid)
-                if choice is None:  # first seen (or the operator restarted): when it was cut is unknown
-                    why = self._reported_reason(policy.name, gpu.uuid, current) or (
-                        "idle default" if current == policy.spec.adaptive.idle else "kept from before")
-                    choice = self.choices[gpu.uuid] = _Choice(current, why, -math.inf)
+                if choice is None:  # first seen, or the operator restarted
+                    choice = self.choices[gpu.uuid] = self._remembered(policy, gpu.uuid, current, now)
                 reported = status.gpu(gpu.uuid) if status is not None else None
                 wanted = decided.get(gpu.uuid)
                 applying = (
@@ -257,14 +275,28 @@ class AdaptiveDemand:
                 out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
         return out, under_way
 
-    def _reported_reason(self, policy: str, gpu: str, layout: str) -> str | None:
-        """Why the policy's status says the GPU has ``layout`` (a restarted operator keeps the
-        words, so it rewrites no status for nothing)."""
-        status = self.controller.fleet.policy_bodies.get(policy, {}).get("status") or {}
-        for row in status.get("adaptive") or ():
-            if row.get("gpu") == gpu and row.get("layout") == layout:
-                return str(row.get("reason", "")) or None
-        return None
+    def _remembered(self, policy: SharingPolicy, gpu: str, layout: str, now: float) -> _Choice:
+        """A GPU this process has not chosen for yet: what the policy's status recorded of it.
+
+        The status row of ``layout`` gives the reason (kept, so no status is rewritten for
+        nothing) and ``since``, when it was chosen: the cooldown counts from that instant, not
+        from this process's start, so a restart never lets a GPU flap. Without a recorded time a
+        GPU on a layout other than the idle one was cut at some unknown moment before now: its
+        cooldown starts now (the safe side). A GPU on the idle layout with nothing recorded was
+        never recut by anyone: it may be recut at once."""
+        assert policy.spec.adaptive is not None
+        idle = layout == policy.spec.adaptive.idle
+        status = self.controller.fleet.policy_bodies.get(policy.name, {}).get("status") or {}
+        rows: list[dict[str, Any]] = status.get("adaptive") or []
+        row = next((r for r in rows if r.get("gpu") == gpu and r.get("layout") == layout), {})
+        why = str(row.get("reason") or "") or ("idle default" if idle else "kept from before")
+        chosen_at = _parse_rfc3339(row.get("since"))
+        if chosen_at is not None:
+            age = max(0.0, (self.wall_clock() - chosen_at).total_seconds())
+            return _Choice(layout, why, now - age, _rfc3339(chosen_at))
+        if not idle:
+            return _Choice(layout, why, now, _rfc3339(self.wall_clock()))
+        return _Choice(layout, why, -math.inf)
 
     def choose(self) -> tuple[RecutPlan, list[AdaptiveGpu]] | None:
         """What the pure room would recut now (None: no Adaptive policy); changes nothing
@@ -288,8 +320,9 @@ class AdaptiveDemand:
         FRAGMENTATION.set(float(plan.fragmentation))
         now = self.clock()
         touched: set[str] = set()
+        stamp = _rfc3339(self.wall_clock())
         for recut in plan.recuts:
-            self.choices[recut.gpu] = _Choice(recut.layout, recut.reason, now)
+            self.choices[recut.gpu] = _Choice(recut.layout, recut.reason, now, stamp)
             self.controller.fleet.adaptive_choices[recut.gpu] = recut.layout
             touched.add(recut.node)
             RECUTS.labels("demand").inc()
@@ -309,7 +342,7 @@ class AdaptiveDemand:
         for gpu in back_to_idle(gpus, plan, self.recent, self.classes, self.menus):
             assert gpu.policy.spec.adaptive is not None
             idle = gpu.policy.spec.adaptive.idle
-            self.choices[gpu.gpu.uuid] = _Choice(idle, "idle default", now)
+            self.choices[gpu.gpu.uuid] = _Choice(idle, "idle default", now, stamp)
             self.controller.fleet.adaptive_choices[gpu.gpu.uuid] = idle
             touched.add(gpu.node)
             RECUTS.labels("idle").inc()
@@ -344,6 +377,6 @@ class AdaptiveDemand:
                 layout = choice.layout if choice else adaptive.idle
                 reason = choice.reason if choice else "idle default"
                 rows.append(AdaptiveGpuLayout(node=node, gpu=plan.gpu.uuid, index=plan.gpu.index, layout=layout,
-                                              reason=reason[:256]))
+                                              reason=reason[:256], since=choice.chosen_at if choice else None))
         recut = sum(1 for r in rows if r.layout != adaptive.idle)
         return status.model_copy(update={"adaptive": rows[:100], "gpus_recut": recut})

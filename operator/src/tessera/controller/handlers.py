@@ -13,7 +13,6 @@ Not for: logic (``decide``, ``policystatus``) or API writes (``runtime``).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -24,6 +23,7 @@ from tessera import API_GROUP
 from tessera.controller.leadership import Leadership, LeaseSettings
 from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
+from tessera.kube.http import RETRY_BACKOFF
 from tessera.kube.lease import LeaseTiming
 from tessera.kube.objects import CLAIMS, POLICIES, Api
 
@@ -35,11 +35,38 @@ def _controller(memo: Any) -> Controller:
     return controller
 
 
+def _leadership(memo: Any) -> Leadership:
+    """This replica's lease elector and fenced client, made once (Kopf may ask for its login
+    before or after startup): Kopf's login and the Controller share the client's credentials."""
+    if getattr(memo, "leadership", None) is None:
+        env = os.environ.get
+        defaults = LeaseTiming()
+        timing = LeaseTiming(float(env("TESSERA_LEASE_DURATION", str(defaults.lease_duration))),
+                             float(env("TESSERA_RENEW_DEADLINE", str(defaults.renew_deadline))),
+                             float(env("TESSERA_RETRY_PERIOD", str(defaults.retry_period))))
+        memo.leadership = Leadership(LeaseSettings(env("TESSERA_LEASE_NAMESPACE", "tessera-system"),
+                                                   env("TESSERA_LEASE_NAME", "tessera-operator"),
+                                                   env("TESSERA_LEADER_IDENTITY", ""), timing,
+                                                   env("TESSERA_FAULT_WRITE_LOG", "")), env("KUBECONFIG"))
+    leadership: Leadership = memo.leadership
+    return leadership
+
+
 @kopf.on.login(registry=registry)
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    if os.environ.get("KUBECONFIG"):
-        return kopf.login_with_kubeconfig(**kwargs)
-    return kopf.login_with_service_account(**kwargs)
+async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    """Kopf connects with the credentials Tessera's client has (one kubeconfig path, one
+    parser, exec plugins included). Kopf asks again when its token expired or was refused, so
+    the token is fetched afresh: the exec plugin runs again, a token file is read again."""
+    client = _leadership(memo).client
+    await client.refresh_credentials(force=True)
+    token = await client.bearer_token()
+    c = client.credentials
+    return kopf.ConnectionInfo(
+        server=c.server, ca_path=c.ca_file, ca_data=c.ca_data, insecure=c.insecure or None,
+        certificate_path=c.cert_file, private_key_path=c.key_file,
+        certificate_data=c.cert_data, private_key_data=c.key_data,
+        token=token, expiration=client.token_expires_at,
+    )
 
 
 @kopf.on.startup(registry=registry)
@@ -57,19 +84,10 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.peering.standalone = True  # Kopf's peering is not leader election: the Lease decides
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.networking.error_backoffs = [1, 2, 5, 10]
-    env = os.environ.get
-    timing = LeaseTiming(float(env("TESSERA_LEASE_DURATION", "15")), float(env("TESSERA_RENEW_DEADLINE", "10")),
-                         float(env("TESSERA_RETRY_PERIOD", "2")))
-    leadership = Leadership(LeaseSettings(env("TESSERA_LEASE_NAMESPACE", "tessera-system"),
-                                          env("TESSERA_LEASE_NAME", "tessera-operator"),
-                                          env("TESSERA_LEADER_IDENTITY", ""), timing,
-                                          env("TESSERA_FAULT_WRITE_LOG", "")), env("KUBECONFIG"))
-    memo.leadership = leadership
-    ready_port = int(env("TESSERA_READY_PORT", "0"))
+    settings.networking.error_backoffs = list(RETRY_BACKOFF)  # Tessera's one retry schedule
+    leadership = _leadership(memo)
+    ready_port = int(os.environ.get("TESSERA_READY_PORT", "0"))
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
-    # Tests only: delay every ResourceClaim event, to prove the handover does not rely on the watch.
-    memo.claim_watch_delay = float(os.environ.get("TESSERA_FAULT_CLAIM_WATCH_DELAY", "0"))
     workers = int(os.environ.get("TESSERA_WORKERS", DEFAULT_WORKERS))
     controller = Controller(Api(leadership.client), workers=workers, handover_grace=grace, leading=False)
     memo.controller = controller
@@ -110,6 +128,4 @@ async def policy_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 
 @kopf.on.event(*CLAIMS, registry=registry)
 async def claim_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    if memo.claim_watch_delay:  # fault injection: a watch that lags behind the scheduler
-        await asyncio.sleep(memo.claim_watch_delay)
     _controller(memo).claim_seen(str(event["type"]), event["object"])

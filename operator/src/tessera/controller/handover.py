@@ -22,6 +22,7 @@ Not for: deciding (``decide``), reading claims (``freshclaims``) or any write.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 
@@ -62,10 +63,33 @@ class Handover:
             if due <= now:
                 ready[uuid] = (known[0], due)
             else:
-                self._come_back(node, due - now)  # the earliest due wins
+                self._come_back(node, self.wave_end(due) - now)  # the earliest due wins
         if not tainted:
             self._tainted.pop(node, None)
         return ready
+
+    # One grace and one fresh claim list per wave (issue 22). Nodes handed over together end
+    # their grace together: a grace that would end at ``due`` ends at the next wave boundary
+    # (a multiple of half the grace), so every node whose taint was acknowledged in the same
+    # half-grace comes back at the same moment and asks for a list started at or after it;
+    # FreshClaims gives them all the one list (the first starts it, the others join it or take
+    # its answer). Safety is the same as one list per node: every node's list still starts
+    # after its own taint's grace (a boundary is never before the due it rounds up), so a
+    # scheduling cycle that began before the taint has had its grace, and any claim it
+    # allocated is in the list. The list may also be up to one grace older than the decision it
+    # serves (not older): that can only add holds a claim's deletion has since removed, which
+    # delays a GPU (it drains, and the node comes back), never cuts a device a claim holds.
+    def wave_end(self, due: float) -> float:
+        """The wave boundary at or after ``due``: where a grace ending at ``due`` ends."""
+        step = max(self.grace / 2, 0.01)
+        return math.ceil(due / step) * step
+
+    def read_after(self, cleared: Cleared, now: float | None = None) -> float:
+        """The moment a fresh claim list for ``cleared`` must start after: its wave's end, and
+        no more than one grace before now (a later reconcile of the node, e.g. after a drain,
+        reads claims again instead of reusing an old answer)."""
+        now = time.monotonic() if now is None else now
+        return max(self.wave_end(max(due for _, due in cleared.values())), now - self.grace)
 
     def claims_since(self, moment: float) -> Awaitable[list[ClaimHold]]:
         """Every claim's hold from a list started no earlier than ``moment``."""

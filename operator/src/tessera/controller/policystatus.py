@@ -30,6 +30,8 @@ class PolicyTally:
     draining: tuple[str, ...]
     timed_out: tuple[str, ...]
     missing: tuple[str, ...] = ()  # claims allocated devices that no longer exist
+    blocked: tuple[str, ...] = ()  # GPUs whose agent waits for something before it applies (InstanceInUse, ...)
+    stuck: tuple[str, ...] = ()  # GPUs whose agent cannot apply without a person (ResetRequired, OperationFailed...)
 
 
 def _applied(fleet: Fleet, node: NodeDecision, decision: GpuDecision) -> bool:
@@ -47,6 +49,28 @@ def _applied(fleet: Fleet, node: NodeDecision, decision: GpuDecision) -> bool:
         return False
     gpu = status.gpu(decision.uuid)
     return gpu is not None and gpu.applied and gpu.strategy == (decision.target.strategy if decision.target else None)
+
+
+# Agent reasons that clear without anyone's help: a process or claim lets go of a device.
+_WAITS_BY_ITSELF = frozenset({"InstanceInUse", "GpuInUse"})
+
+
+def _blocked(fleet: Fleet, node: NodeDecision, decision: GpuDecision) -> tuple[str, bool] | None:
+    """Why the agent does not apply the wanted layout, when its report for the current NodeLayout
+    generation says so (``ResetRequired``: an Ampere GPU needs a reset; ``InstanceInUse``...), and
+    whether that needs a person. Without it a policy says Applying forever while the agent waits."""
+    if not decision.settled:
+        return None
+    view = fleet.nodes.get(node.node)
+    layout = view.layout if view is not None else None
+    status = layout.status if layout is not None else None
+    if layout is None or status is None or status.observed_generation != layout.metadata.generation:
+        return None
+    gpu = status.gpu(decision.uuid)
+    if gpu is None or gpu.applied or gpu.reason in ("", "Applying"):
+        return None
+    # (what, whether it needs a person); the agent's message starts "GPU <index>: "
+    return f"{node.node} {gpu.message} ({gpu.reason})", gpu.reason not in _WAITS_BY_ITSELF
 
 
 def _selector_errors(policy: str, decision: NodeDecision) -> list[str]:
@@ -72,6 +96,8 @@ def tally(
     draining: list[str] = []
     timed_out: list[str] = []
     missing: list[str] = []
+    blocked: list[str] = []
+    stuck: list[str] = []
     for decision in sorted(decisions, key=lambda d: d.node):
         conflicts.extend(decision.plan.conflicts_of(policy))
         missing.extend(m.describe() for m in decision.missing if m.policy == policy)
@@ -90,9 +116,11 @@ def tally(
                 (timed_out if gpu.drain.timed_out else draining).append(gpu.drain.describe())
             if not spec_pending.get(decision.node, False) and _applied(fleet, decision, gpu):
                 applied += 1
+            elif not spec_pending.get(decision.node, False) and (why := _blocked(fleet, decision, gpu)):
+                (stuck if why[1] else blocked).append(why[0])
     return PolicyTally(
         len(nodes), gpus, applied, devices, tuple(conflicts), tuple(dict.fromkeys(errors)), tuple(draining),
-        tuple(timed_out), tuple(missing),
+        tuple(timed_out), tuple(missing), tuple(blocked), tuple(stuck),
     )
 
 
@@ -116,6 +144,8 @@ def policy_status(policy: SharingPolicy, t: PolicyTally, previous: SharingPolicy
             conditions, "Degraded", True, "DrainTimeout",
             f"drain timed out, still waiting for {_first(t.timed_out)}", generation,
         )
+    elif t.stuck:
+        conditions = set_condition(conditions, "Degraded", True, "ApplyBlocked", _first(t.stuck), generation)
     else:
         conditions = set_condition(conditions, "Degraded", False, "AsExpected", "", generation)
 
@@ -137,8 +167,11 @@ def policy_status(policy: SharingPolicy, t: PolicyTally, previous: SharingPolicy
     elif t.applied == t.gpus:
         reason, message, ready = "Applied", f"{t.applied}/{where}", True
     else:
-        reason = "Degraded" if t.errors or t.timed_out or t.missing else ("Draining" if waiting else "Applying")
+        degraded = t.errors or t.timed_out or t.missing or t.stuck
+        reason = "Degraded" if degraded else ("Draining" if waiting else ("Blocked" if t.blocked else "Applying"))
         message, ready = f"{t.applied}/{where} applied", False
+        if reason == "Blocked":
+            message += f"; the agent waits: {_first(t.blocked)}"
     conditions = set_condition(conditions, "Ready", ready, reason, message, generation)
     order = {"Ready": 0, "Progressing": 1, "Degraded": 2}
     conditions.sort(key=lambda c: order.get(c.type, 9))

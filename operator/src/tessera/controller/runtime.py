@@ -269,7 +269,7 @@ class Controller:
             # used (an older read would hold on to claims the watch has seen go), then decide
             # again with both: only GPUs whose changing devices were all tainted and that no
             # claim holds get their new layout.
-            fresh = await self.handover.claims_since(time.monotonic())
+            fresh = await self.handover.claims_since(self.handover.read_after(cleared))
             decision = decide_node(
                 self.fleet, node, time.monotonic(), drains, {u: d for u, (d, _) in cleared.items()}, fresh
             )

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from tessera import DRIVER_NAME
 from tessera.dra.deviceclasses import device_classes
+from tessera.models.allocation import held_devices
 from tessera.models.layout import GpuLayout, NodeLayout
 from tessera.models.policy import SharingPolicy
 
@@ -54,18 +55,11 @@ class ClaimHold:
 
 
 def claim_hold(body: Mapping[str, Any]) -> ClaimHold | None:
-    """Our driver's devices a ResourceClaim holds (its allocation), or None if it holds none.
-
-    An admin-access result (``adminAccess: true``: a monitoring agent looking at a device
-    that others may use) holds nothing: it never keeps a GPU from being drained."""
+    """Our driver's devices a ResourceClaim holds (its allocation), or None if it holds none;
+    the rules (admin access holds nothing) are ``tessera.models.allocation``'s."""
     meta = body.get("metadata", {})
     status = body.get("status") or {}
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
-    devices = frozenset(
-        (str(r["pool"]), str(r["device"]))
-        for r in results
-        if r.get("driver") == DRIVER_NAME and "device" in r and r.get("adminAccess") is not True
-    )
+    devices = held_devices(body, DRIVER_NAME)
     if not devices:
         return None
     pods = tuple(

@@ -29,6 +29,7 @@ from tessera.controller.fleetmetrics import fleet_figures
 from tessera.controller.policystatus import policy_status, tally, transitions
 from tessera.controller.state import Fleet
 from tessera.kube.fence import NotLeading
+from tessera.kube.http import ApiError
 from tessera.models.policy import SharingPolicy, SharingPolicyStatus
 
 log = structlog.get_logger("tessera.operator")
@@ -130,7 +131,12 @@ class PolicyStatusWriter:
             degraded.update((name, c.reason) for c in status.conditions if c.type == "Degraded" and c.status == "True")
             if previous is not None and status == previous:
                 continue
-            await self._patch_status(name, status.to_kube())
+            try:
+                await self._patch_status(name, status.to_kube())
+            except ApiError as error:
+                if error.status != 404:
+                    raise
+                continue  # deleted since the view last saw it (its DELETED event is on its way): nothing to report
             body["status"] = status.to_kube()
             for type_, reason, message in transitions(previous, status):
                 await self._post_event(body, type_, reason, message)

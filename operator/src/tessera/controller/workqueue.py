@@ -26,20 +26,20 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from tessera.kube.fence import NotLeading
-from tessera.kube.http import ApiError
+from tessera.kube.http import ApiError, retry_delay
 
 log = structlog.get_logger("tessera.operator")
 
 RECONCILES = Counter("tessera_operator_reconciles_total", "Node reconciles", ["result"])
 RECONCILE_SECONDS = Histogram("tessera_operator_reconcile_seconds", "Time to reconcile one node")
 
-RETRY_CAP = 60.0  # seconds: the longest wait before a failed node is tried again
 NOT_LEADING_RETRY = 1.0  # seconds before a node whose write the fence refused is looked at again
 
 
 def failure_backoff(failures: int) -> float:
-    """Seconds before a node that failed ``failures`` times in a row is tried again."""
-    return min(0.5 * 2.0 ** (failures - 1), RETRY_CAP)
+    """Seconds before a node that failed ``failures`` times in a row is tried again: Tessera's
+    one retry schedule (``tessera.kube.http.retry_delay``)."""
+    return retry_delay(failures - 1)
 
 
 class WorkQueue:

@@ -36,6 +36,11 @@ the scheduler can neither overlap two placements nor exceed the GPU's compute sl
 place two ``+me`` instances. 25 devices per 8-slice GPU. Placements that overlap a MIG
 instance that was not made for a claim (left from a static layout) are not published.
 
+Order: a GPU's devices are listed in packing order (``tessera.dra.packing``), not by name —
+smaller devices first and, for DynamicMIG, the placement that fragments least first — because
+the scheduler's allocator takes the first listed device that fits. The order depends only on
+static facts (profile, placement, size), so it never changes with allocations.
+
 Every device carries ``managed`` (bool): whether the layout in force is a SharingPolicy's.
 
 Taints: a GPU whose health is not Healthy taints every device of it with
@@ -54,6 +59,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tessera import DRIVER_NAME
+from tessera.dra.packing import dynamic_placement_order, static_instance_order
 from tessera.models.attributes import (
     COMPUTE_CAPACITY,
     MEMORY_CAPACITY,
@@ -329,23 +335,26 @@ def _build_gpu_devices(gpu: GpuStatus) -> GpuDevices:
     if gpu.strategy in (Strategy.EXCLUSIVE, Strategy.TIME_SLICING, Strategy.MPS):
         return GpuDevices(gpu.index, gpu.uuid, (whole_gpu_device(gpu),))
     if gpu.strategy is Strategy.MIG:
-        instances = sorted(gpu.mig_instances, key=lambda i: (i.start, i.profile))
-        mig = [mig_instance_device(gpu, i) for i in instances]
-        return GpuDevices(gpu.index, gpu.uuid, tuple(sorted(mig, key=lambda d: str(d["name"]))))
+        named = [(i, mig_device_name(gpu.index, i.profile, i.start)) for i in gpu.mig_instances]
+        ordered = sorted(named, key=lambda pair: static_instance_order(*pair))
+        return GpuDevices(gpu.index, gpu.uuid, tuple(mig_instance_device(gpu, i) for i, _ in ordered))
     model = catalog_model(gpu.model, gpu.product_name)
     if model is None or not model.mig_capable:
         problem = f"GPU {gpu.index} ({gpu.product_name}) has no known MIG profiles; DynamicMIG publishes nothing"
         return GpuDevices(gpu.index, gpu.uuid, (), problems=(problem,))
     fixed = [i for i in gpu.mig_instances if not i.dynamic]
-    devices = [
-        dynamic_mig_device(gpu, profile, start)
-        for profile in model.profiles
-        for start in profile.starts
-        if start + profile.memory_slices <= MEMORY_SLICES and not _overlaps(start, profile.memory_slices, fixed)
-    ]
+    placements = sorted(
+        (
+            (profile, start)
+            for profile in model.profiles
+            for start in profile.starts
+            if start + profile.memory_slices <= MEMORY_SLICES and not _overlaps(start, profile.memory_slices, fixed)
+        ),
+        key=lambda p: dynamic_placement_order(p[0].kind, p[1], dynamic_mig_device_name(gpu.index, p[0].name, p[1])),
+    )
     return GpuDevices(
         gpu.index,
         gpu.uuid,
-        tuple(sorted(devices, key=lambda d: str(d["name"]))),
+        tuple(dynamic_mig_device(gpu, profile, start) for profile, start in placements),
         counter_sets=(dynamic_mig_counter_set(gpu),),
     )

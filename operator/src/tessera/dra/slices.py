@@ -12,8 +12,9 @@ keep a hash of the node name instead of all of it.
 Slices are owned by their Node (garbage-collected with it) and labelled
 ``app.kubernetes.io/managed-by: tessera``. ``pool.generation`` is left at 0 here:
 ``tessera.dra.diff.plan_slice_writes`` decides it against what exists.
-Output is sorted (slices by name, devices by name, maps by key): two builds from the same
-input are byte-identical.
+Output is deterministic (slices by name, devices in the packing order ``tessera.dra.devices``
+lists them in — see ``tessera.dra.packing``: the allocator tries them in that order —, maps by
+key): two builds from the same input are byte-identical.
 Not for: deciding writes (``tessera.dra.diff``) or making them (the controller).
 """
 
@@ -26,13 +27,14 @@ from typing import Any
 
 from tessera import RESOURCE_API_VERSION
 from tessera.dra.devices import DRIVER, Device, GpuDevices, build_gpu_devices
-from tessera.dra.limits import MAX_DEVICES, MAX_DEVICES_WITH_ADVANCED_FEATURES
 from tessera.models.layout import GpuStatus, NodeLayoutStatus
 
 KIND = "ResourceSlice"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "tessera"
 MAX_NAME = 253
+MAX_DEVICES = 128  # per slice (resource.k8s.io/v1)
+MAX_DEVICES_WITH_ADVANCED_FEATURES = 64  # when any device has taints or consumes counters
 
 ResourceSlice = dict[str, Any]
 

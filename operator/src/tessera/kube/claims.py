@@ -5,7 +5,9 @@ JSON (no model round trip, so allocation fields newer than any client library co
 ``resourceVersion``, so the apiserver answers from etcd with a quorum read: an allocation the
 scheduler wrote before the call started is in the answer. The agent calls it right before it
 destroys a device, to refuse destroying one a claim is allocated. ``read_resource_claim``
-reads the one claim the kubelet asks the plugin to prepare.
+reads the one claim the kubelet asks the plugin to prepare. ``write_claim_fence`` marks the
+agent's fence claim (``tessera.agent.claimview``): a write into the stream of ResourceClaim
+events whose echo proves that a watch has passed on every claim change made before it.
 Not for: watching claims, or deciding anything about them (``tessera.agent.claimguard``,
 ``tessera.agent.plugin.claims``).
 """
@@ -45,3 +47,27 @@ async def read_resource_claim(api: KubeClient, namespace: str, name: str,
         if error.status == 404:
             return None
         raise
+
+
+FENCE_ANNOTATION = "tessera.dev/fence"
+
+
+async def write_claim_fence(api: KubeClient, namespace: str, name: str, token: str,
+                            timeout_s: float = 10.0) -> None:
+    """Set ``token`` on the fence claim ``namespace/name``, creating it on first use (a claim
+    that requests no device: nothing ever allocates it). ``ApiError`` on any other failure
+    (e.g. 404 when the namespace does not exist)."""
+    annotations = {FENCE_ANNOTATION: token}
+    path = resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", name, namespace=namespace)
+    try:
+        await api.patch(path, {"metadata": {"annotations": annotations}}, timeout_s=timeout_s)
+        return
+    except ApiError as error:
+        if error.status != 404:
+            raise
+    body = {"apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations,
+                         "labels": {"app.kubernetes.io/managed-by": "tessera"}},
+            "spec": {"devices": {}}}
+    await api.create(resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", namespace=namespace),
+                     body, timeout_s=timeout_s)

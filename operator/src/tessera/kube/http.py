@@ -6,22 +6,35 @@ merge, JSON patch, server-side apply with a field manager), delete, and watch (n
 JSON events; bookmarks are not passed on; a 410 Gone starts the watch again from the current
 state). Any answer outside 2xx raises ``ApiError`` with the
 apiserver's Status. Credentials come from a kubeconfig (server, CA, client certificate and
-key, bearer token or token file) or from the in-cluster service account, whose token file is
-read again when the kubelet rotates it. A client given a ``WriteFence`` (``tessera.kube.fence``)
-checks it for every mutating request at the last moment before the request's bytes go out
-(when aiohttp has its connection and is about to write), and raises ``NotLeading`` instead of
-writing; ``on_write`` is told of every mutating request that does go out.
+key, bearer token or token file, or an ``exec`` credential plugin: ``tessera.kube.execauth``,
+run again before its token expires and after a 401) or from the in-cluster service account,
+whose token file is read again when the kubelet rotates it. Kubeconfig users Tessera does not
+support are refused with an error that names them: ``auth-provider`` (kubectl removed its
+gcp and azure providers; use their exec plugins, or kubelogin for oidc), ``username`` and
+``password`` (basic authentication, gone from Kubernetes since 1.19), and impersonation
+(``as``, ``as-uid``, ``as-groups``, ``as-user-extra``). A client given a ``WriteFence``
+(``tessera.kube.fence``) checks it for every mutating request at the last moment before the
+request's bytes go out (when aiohttp has its connection and is about to write), and raises
+``NotLeading`` instead of writing; ``on_write`` is told of every mutating request that does go out.
 
 It is Tessera's one Kubernetes client, so that neither the node agent nor the operator loads a
 library of a thousand API models to read a few kinds of object. Tokens and keys never appear in
 a repr or a log.
+It also owns Tessera's one retry schedule: ``retry_delay(attempt)`` is how long any caller waits
+before trying a failed call again (``RETRY_BACKOFF``: 1, 2, 5, then every 10 s), and every
+retry loop of Tessera asks it: the operator's reconcile of a node and its start-up lists, the
+``ListWatch`` loops (the agent's NodeLayout watch among them), the agent's passes after a failure
+and its wait for its NodeLayout, and Kopf's own ``error_backoffs``. One schedule of its own:
+``CONFLICT_BACKOFF``, for a write that lost an optimistic-concurrency race (409 Conflict) and is
+read and tried again at once: the other writer is done within milliseconds, not seconds.
 Not for: what the calls mean (``tessera.kube.nodelayouts``, ``claims``, ``claimstatus``,
-``objects``), keeping a view current (``tessera.kube.watch``), or retrying (callers decide which
-errors are worth another try).
+``objects``), keeping a view current (``tessera.kube.watch``), or which errors are worth another
+try (the callers decide).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -30,6 +43,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -37,16 +51,20 @@ from urllib.parse import quote
 
 import aiohttp
 
+from tessera.kube.execauth import ExecPlugin, ExecToken, run_exec_plugin
 from tessera.kube.fence import MUTATING_METHODS, NotLeading, WriteFence
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates projected tokens well before they expire
 RETRY_BACKOFF: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0)  # seconds before the 1st, 2nd, 3rd, 4th and later retry
+CONFLICT_BACKOFF: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)  # a 409 Conflict: read again and retry soon
 
 
 def retry_delay(attempt: int, backoff: Sequence[float] = RETRY_BACKOFF) -> float:
-    """Seconds to wait before retry number ``attempt`` (0: the first) of a call that failed."""
-    return backoff[min(attempt, len(backoff) - 1)]
+    """Seconds to wait before retry number ``attempt`` (0: the first) of a call that failed;
+    past the end of ``backoff`` its last step repeats."""
+    return backoff[min(max(attempt, 0), len(backoff) - 1)]
+
 
 Objects = list[dict[str, Any]]  # named here: inside KubeClient, ``list`` is the method
 PatchType = Literal["merge", "strategic", "json", "apply"]
@@ -111,6 +129,7 @@ class Credentials:
     key_data: bytes | None = field(default=None, repr=False)  # PEM
     token: str | None = field(default=None, repr=False)
     token_file: str | None = None
+    exec_plugin: ExecPlugin | None = None  # a kubeconfig's exec credential plugin
 
     def ssl_context(self) -> ssl.SSLContext | bool:
         """The TLS settings for aiohttp: our CA and client certificate, or False (no checks)."""
@@ -130,9 +149,22 @@ class Credentials:
         return context
 
 
+UNSUPPORTED_USER_FIELDS: dict[str, str] = {
+    "auth-provider": "use the provider's exec credential plugin instead (gke-gcloud-auth-plugin, kubelogin; "
+                     "kubelogin also serves oidc)",
+    "username": "basic authentication is gone from Kubernetes: use a token, a client certificate or an exec plugin",
+    "password": "basic authentication is gone from Kubernetes: use a token, a client certificate or an exec plugin",
+    "as": "impersonation is not supported: use the impersonated identity's own credentials",
+    "as-uid": "impersonation is not supported: use the impersonated identity's own credentials",
+    "as-groups": "impersonation is not supported: use the impersonated identity's own credentials",
+    "as-user-extra": "impersonation is not supported: use the impersonated identity's own credentials",
+}
+
+
 def load_kubeconfig(path: str | Path) -> Credentials:
     """The credentials of a kubeconfig's current context. Relative file names are relative to
-    the kubeconfig's folder, as kubectl reads them."""
+    the kubeconfig's folder, as kubectl reads them. A user Tessera cannot authenticate as
+    (``UNSUPPORTED_USER_FIELDS``) raises ValueError naming the field and what to use instead."""
     import yaml  # here, not above: an agent in a Pod reads no kubeconfig and need not load YAML
 
     path = Path(path)
@@ -148,6 +180,13 @@ def load_kubeconfig(path: str | Path) -> Credentials:
     if cluster is None or not cluster.get("server"):
         raise ValueError(f"{path}: context {context_name!r} names no cluster with a server")
     user = users.get(context.get("user"), {})
+    where = f"{path}: user {context.get('user')!r}"
+    for key, instead in UNSUPPORTED_USER_FIELDS.items():
+        if user.get(key):
+            raise ValueError(f"{where}: {key} is not supported by Tessera's Kubernetes client: {instead}")
+    plugin = None
+    if user.get("exec"):
+        plugin = ExecPlugin.from_kubeconfig(user["exec"], folder=path.parent, cluster=cluster, where=where)
 
     def file(value: str | None) -> str | None:
         return str(path.parent / value) if value else None
@@ -167,6 +206,7 @@ def load_kubeconfig(path: str | Path) -> Credentials:
         key_data=data(user.get("client-key-data")),
         token=user.get("token"),
         token_file=file(user.get("tokenFile")),
+        exec_plugin=plugin,
     )
 
 
@@ -200,6 +240,9 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
         self._token: str | None = credentials.token
         self._token_read_at = -TOKEN_REREAD_SECONDS
+        self._exec_token: ExecToken | None = None
+        self._exec_lock = asyncio.Lock()  # one plugin run at a time, however many requests wait
+        self.exec_runs = 0  # how many times the exec plugin ran (tests)
 
     def __repr__(self) -> str:
         return f"KubeClient(server={self.credentials.server!r})"
@@ -355,24 +398,60 @@ class KubeClient:
                 request_class = _fenced_request_class(self.fence, self.on_write)
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.connections),
                                                   request_class=request_class)
-        headers = {"Accept": "application/json"}
-        token = self._bearer_token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         data = None
         if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
             data = json.dumps(body).encode()
         query = {k: str(v) for k, v in (params or {}).items()}
-        return await self._session.request(method, self.credentials.server + path, params=query, data=data,
-                                           headers=headers, ssl=self._ssl, timeout=timeout)
+        for attempt in range(2):
+            headers = {"Accept": "application/json"}
+            if body is not None:
+                headers["Content-Type"] = content_type or "application/json"
+            token = await self.bearer_token()
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            response = await self._session.request(method, self.credentials.server + path, params=query, data=data,
+                                                   headers=headers, ssl=self._ssl, timeout=timeout)
+            if response.status != 401 or self.credentials.exec_plugin is None or attempt:
+                return response
+            # The plugin's token was refused (revoked, or expired early): run it again, once.
+            response.release()
+            await self.refresh_credentials(refused=token)
+        raise AssertionError("unreachable: the second attempt always returns")
 
-    def _bearer_token(self) -> str | None:
-        """The token; one from a file is read again every minute (the kubelet rotates it)."""
+    async def bearer_token(self) -> str | None:
+        """The token to send: the exec plugin's (run again when due), a file's (read again every
+        minute: the kubelet rotates it), or the kubeconfig's."""
+        if self.credentials.exec_plugin is not None:
+            current = self._exec_token
+            if current is None or current.due(datetime.now(UTC)):
+                await self.refresh_credentials(refused=current.token if current else None)
+            return self._exec_token.token if self._exec_token else None
+        return self._file_token()
+
+    def _file_token(self) -> str | None:
         if self.credentials.token_file and time.monotonic() - self._token_read_at >= TOKEN_REREAD_SECONDS:
-            self._token = Path(self.credentials.token_file).read_text().strip()
+            self._token = Path(self.credentials.token_file).read_text().strip()  # a few bytes, from tmpfs
             self._token_read_at = time.monotonic()
         return self._token
+
+    @property
+    def token_expires_at(self) -> datetime | None:
+        """When the exec plugin's current token expires (None: no plugin, or no expiry given)."""
+        return self._exec_token.expires_at if self._exec_token else None
+
+    async def refresh_credentials(self, refused: str | None = None, *, force: bool = False) -> None:
+        """Get new credentials now: run the exec plugin again (unless, without ``force``, another
+        request already replaced ``refused``, the token that failed), read a token file again."""
+        plugin = self.credentials.exec_plugin
+        if plugin is None:
+            self._token_read_at = -TOKEN_REREAD_SECONDS
+            return
+        async with self._exec_lock:
+            current = self._exec_token
+            if not force and current is not None and current.token != refused and not current.due(datetime.now(UTC)):
+                return  # another request ran the plugin while this one waited
+            self._exec_token = await run_exec_plugin(plugin)
+            self.exec_runs += 1
 
 
 def _fenced_request_class(fence: WriteFence | None,

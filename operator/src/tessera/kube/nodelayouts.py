@@ -1,7 +1,8 @@
 """The few API calls for NodeLayout objects (``tessera.dev/v1alpha1``, cluster-scoped).
 
 Get, create (owned by its Node, so it goes with the Node), write status through the status
-subresource with optimistic concurrency and conflict retry, and watch one object by name.
+subresource with optimistic concurrency and conflict retry (``CONFLICT_BACKOFF``). Watching
+one by name is ``tessera.kube.watch.ListWatch`` with a field selector.
 Used by the node agent; the operator may reuse them. Not for: deciding what a layout or a
 status says.
 """
@@ -9,10 +10,9 @@ status says.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-from tessera.kube.http import ApiError, KubeClient, resource_path
+from tessera.kube.http import CONFLICT_BACKOFF, ApiError, KubeClient, resource_path, retry_delay
 
 GROUP = "tessera.dev"
 VERSION = "v1alpha1"
@@ -102,16 +102,6 @@ async def write_node_layout_status(
         except ApiError as e:
             if e.status != 409:
                 raise
-            await asyncio.sleep(0.05 * 2**attempt)
+            await asyncio.sleep(retry_delay(attempt, CONFLICT_BACKOFF))
     raise StatusConflictError(f"NodeLayout {name!r}: status kept conflicting after {attempts} attempts")
 
-
-async def watch_node_layout(
-    api: KubeClient, name: str, timeout_seconds: int = 300
-) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """(event type, object) for changes of the NodeLayout called ``name``, until the server
-    ends the watch (after ``timeout_seconds``); the caller loops."""
-    async for event in api.watch(
-        resource_path(GROUP, VERSION, PLURAL), field_selector=f"metadata.name={name}", timeout_seconds=timeout_seconds
-    ):
-        yield event

@@ -26,7 +26,7 @@ from tessera.kube.http import RETRY_BACKOFF, ApiError, KubeClient, resource_path
 log = structlog.get_logger("tessera.kube.watch")
 
 OnEvent = Callable[[str, dict[str, Any]], None]  # (ADDED | MODIFIED | DELETED, object)
-Stub = Callable[[Mapping[str, Any]], dict[str, Any]]
+Stub = Callable[[Mapping[str, Any]], dict[str, Any] | None]  # None: not kept (its deletion is not told)
 
 
 def metadata_stub(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -45,13 +45,15 @@ class ListWatch:
     """Feeds ``on_event`` every change to the objects of one resource (``group`` "" is core)."""
 
     def __init__(self, client: KubeClient, group: str, version: str, plural: str, on_event: OnEvent, *,
-                 label_selector: str | None = None, stub: Stub = metadata_stub, timeout_seconds: int = 300,
+                 label_selector: str | None = None, field_selector: str | None = None,
+                 stub: Stub = metadata_stub, timeout_seconds: int = 300,
                  backoff: Sequence[float] = RETRY_BACKOFF, page_size: int = 500) -> None:
         self.client = client
         self.path = resource_path(group, version, plural)
         self.api_version = f"{group}/{version}" if group else version
         self.on_event = on_event
         self.label_selector = label_selector
+        self.field_selector = field_selector  # e.g. metadata.name=<name>: one object
         self.stub = stub
         self.timeout_seconds = timeout_seconds
         self.backoff = tuple(backoff)
@@ -63,6 +65,7 @@ class ListWatch:
 
     def __repr__(self) -> str:
         selector = f", label_selector={self.label_selector!r}" if self.label_selector else ""
+        selector += f", field_selector={self.field_selector!r}" if self.field_selector else ""
         return f"ListWatch({self.path!r}{selector})"
 
     def start(self) -> None:
@@ -86,7 +89,8 @@ class ListWatch:
                     version = await self._relist()
                 async for kind, body in self.client.watch(
                     self.path, resource_version=version, label_selector=self.label_selector,
-                    timeout_seconds=self.timeout_seconds, bookmarks=True, restart_expired=False,
+                    field_selector=self.field_selector, timeout_seconds=self.timeout_seconds, bookmarks=True,
+                    restart_expired=False,
                 ):
                     failures = 0
                     if kind != "BOOKMARK":
@@ -115,7 +119,8 @@ class ListWatch:
         token: str | None = None
         version = ""
         while True:
-            page = await self.client.list_page(self.path, label_selector=self.label_selector, limit=self.page_size,
+            page = await self.client.list_page(self.path, label_selector=self.label_selector,
+                                               field_selector=self.field_selector, limit=self.page_size,
                                                continue_=token)
             meta = page.get("metadata") or {}
             version = version or str(meta.get("resourceVersion") or "")
@@ -125,7 +130,9 @@ class ListWatch:
                 item.setdefault("apiVersion", self.api_version)  # list items do not say what they are
                 item.setdefault("kind", kind)
                 key = _key(item)
-                seen[key] = self.stub(item)
+                stub = self.stub(item)
+                if stub is not None:
+                    seen[key] = stub
                 before = self.known.get(key)
                 item_version = (item.get("metadata") or {}).get("resourceVersion")
                 if before is None or before["metadata"].get("resourceVersion") != item_version:
@@ -143,10 +150,11 @@ class ListWatch:
 
     def _deliver(self, kind: str, body: dict[str, Any]) -> None:
         key = _key(body)
-        if kind == "DELETED":
+        stub = None if kind == "DELETED" else self.stub(body)
+        if stub is None:
             self.known.pop(key, None)
         else:
-            self.known[key] = self.stub(body)
+            self.known[key] = stub
         self._call(kind, body)
 
     def _call(self, kind: str, body: dict[str, Any]) -> None:

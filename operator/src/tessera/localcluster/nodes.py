@@ -9,7 +9,10 @@ them: ``/var/lib/kubelet`` (the kubelet's root, plugin registry and plugin socke
 folders, made as mount points). The kubelet, containerd, the
 containers and an agent started "on" the node all run in that namespace, so the agent
 DaemonSet's host paths mean the same there as on any node, and the kubelet's mounts vanish
-with the namespace. Each node gets a Linux bridge with a private /24 whose first address is
+with the namespace. The namespace also has the node's own boot id bound over
+``/proc/sys/kernel/random/boot_id``, so ``RealNode.reboot`` (every process of the node ends,
+/run's folders are cleared, containerd and the kubelet start again) is a new boot to the agent.
+Each node gets a Linux bridge with a private /24 whose first address is
 the node's IP (the kubelet listens there, so ``kubectl logs`` works) and the gateway of its
 Pods; Pods reach the apiserver at the ``kubernetes`` Service's ClusterIP through a DNAT rule
 to the apiserver's loopback port (there is no kube-proxy). Needs root; ``real_nodes_possible``
@@ -31,7 +34,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -61,6 +65,7 @@ NODE_MOUNTS = {  # place inside the node's mount namespace -> sub-folder of the 
 KUBELET_ROOT = "/var/lib/kubelet"
 SIMULATED_STATE_DIR = "/var/lib/tessera"  # the agent DaemonSet's state folder
 CDI_DIR = "/var/run/cdi"
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # what tells one boot from the next (tessera.agent.plugin.boot)
 
 
 class ClusterAccess(Protocol):
@@ -397,6 +402,10 @@ class RealNode:
             Path(inside).mkdir(parents=True, exist_ok=True)  # the mount point, empty on the host
             _run([*self.in_namespace(), "mount", "--bind", str(self.folder / sub), inside],
                  f"binding {inside} for node {self.name}")
+        # The node's own boot id, so that its reboot (``reboot``) is a new boot to what runs on it.
+        self.boot_id_file.write_text(f"{uuid.uuid4()}\n")
+        _run([*self.in_namespace(), "mount", "--bind", str(self.boot_id_file), BOOT_ID],
+             f"binding the boot id of node {self.name}")
 
     def _start_containerd(self, deadline: float) -> None:
         config = self.folder / "containerd" / "config.toml"
@@ -489,6 +498,56 @@ class RealNode:
             self._nat_rule = []
         if self.subnet_octet:
             _run(["ip", "link", "del", self.bridge], "removing the bridge", check=False)
+
+    @property
+    def boot_id_file(self) -> Path:
+        return self.folder / "boot_id"
+
+    def reboot(self, while_off: Callable[[], None] | None = None, timeout: float = 120.0) -> None:
+        """Reboot the node as far as software can tell: every process in its mount namespace
+        ends (kubelet, containers, containerd, agents and MPS daemons started there), what
+        lives on tmpfs is gone (/run: CDI specs, MPS folders, containerd's state), ``while_off``
+        runs (reset the simulated GPUs there), a new boot id is drawn, and containerd and the
+        kubelet start again with their state under /var kept. The Node object and its Pods stay
+        in the API, as they do while a real node reboots."""
+        if self._kubelet is not None:
+            self._kubelet.popen.kill()
+            self._kubelet.popen.wait()
+        if self._containerd is not None and self._containerd.alive():
+            self._kill_tasks()
+        if self._containerd is not None:
+            self._containerd.popen.kill()
+            self._containerd.popen.wait()
+        self._kill_namespace_leftovers()
+        self._kill_everything_in_namespace()
+        for inside in ("/run/cdi", "/run/tessera"):
+            # Empty, not removed: the namespace's bind mount holds on to this very folder.
+            for entry in self.host_path(inside).iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        shutil.rmtree(self.folder / "containerd" / "state", ignore_errors=True)
+        if while_off is not None:
+            while_off()
+        self.boot_id_file.write_text(f"{uuid.uuid4()}\n")  # in place: the bind mount keeps the inode
+        deadline = time.monotonic() + timeout
+        self._start_containerd(deadline)
+        self.start_kubelet()
+        self.wait_ready(deadline)
+
+    def _kill_everything_in_namespace(self) -> None:
+        """SIGKILL every process that lives in the node's mount namespace but its holder."""
+        if self._holder is None:
+            return
+        holder = self._holder.popen.pid
+        ns = os.readlink(f"/proc/{holder}/ns/mnt")
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit() or int(proc.name) in (holder, os.getpid()):
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(proc / "ns" / "mnt") == ns:
+                    os.kill(int(proc.name), signal.SIGKILL)
 
     def _kill_tasks(self) -> None:
         ctr = [str(self.binaries.ctr), "--address", str(self.containerd_socket), "-n", "k8s.io"]

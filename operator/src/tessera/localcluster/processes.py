@@ -116,6 +116,7 @@ class TesseraProcesses:
         health: bool = False,
         env: dict[str, str] | None = None,
         prefix: list[str] | None = None,
+        module: str = "tessera",
     ) -> TesseraProcess:
         self.folder.mkdir(parents=True, exist_ok=True)
         log = self.folder / f"{name}.log"
@@ -131,7 +132,7 @@ class TesseraProcesses:
         }
         with log.open("ab") as out:
             popen = subprocess.Popen(  # argv is ours
-                [*(prefix or []), sys.executable, "-m", "tessera", *args, *ports],
+                [*(prefix or []), sys.executable, "-m", module, *args, *ports],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environment,
                 preexec_fn=_die_with_parent,  # runs between fork and exec
             )
@@ -139,10 +140,14 @@ class TesseraProcesses:
         self.processes.append(process)
         return process
 
-    def operator(self, name: str = "operator", env: dict[str, str] | None = None) -> TesseraProcess:
-        """An operator replica. Its Lease lives in ``default`` (a bare cluster has no
-        ``tessera-system``); several replicas started here elect one leader between them."""
-        return self._start(name, ["operator"], health=True, env={"TESSERA_LEASE_NAMESPACE": "default", **(env or {})})
+    def operator(self, name: str = "operator", env: dict[str, str] | None = None,
+                 module: str = "tessera") -> TesseraProcess:
+        """An operator replica (``tessera operator``). Its Lease lives in ``default`` (a bare
+        cluster has no ``tessera-system``); several replicas started here elect one leader
+        between them. ``module`` runs it through another ``python -m`` entry point that takes
+        the same arguments (a test's wrapper that injects a fault)."""
+        return self._start(name, ["operator"], health=True, module=module,
+                           env={"TESSERA_LEASE_NAMESPACE": "default", **(env or {})})
 
     def operators(self) -> list[TesseraProcess]:
         return [p for p in self.processes if p.ready_port]

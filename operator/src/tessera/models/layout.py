@@ -105,6 +105,11 @@ class GpuStatus(KubeModel):
     health_message: str = ""
     applied: bool = Field(default=True, description="the layout matches NodeLayout.spec")
     message: str = Field(default="", description="why the layout is not applied yet")
+    reason: str = Field(
+        default="",
+        description="why the layout is not applied: Applying (under way), or what stops the agent "
+        "(ResetRequired, InstanceInUse, GpuInUse, ClaimCheckFailed, OperationFailed, ...)",
+    )
 
 
 class NodeLayoutStatus(KubeModel):

@@ -505,6 +505,11 @@ class AdaptiveGpuLayout(KubeModel):
     index: int = Field(default=0, ge=0)
     layout: str = Field(description="the menu layout chosen for it now")
     reason: str = Field(default="", max_length=256, description='e.g. "recut for claim team-a/llm-0", "idle default"')
+    since: str | None = Field(
+        default=None,
+        max_length=64,
+        description="RFC 3339: when the layout was chosen; the cooldown counts from it, across operator restarts",
+    )
 
 
 class SharingPolicyStatus(KubeModel):

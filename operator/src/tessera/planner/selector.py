@@ -10,8 +10,13 @@ capacities are quantities, with the methods of Kubernetes' CEL libraries:
 ``semver("580.0.0")``, ``isSemver``, ``major``, ``minor``, ``patch`` plus the comparisons.
 
 An expression is compiled once (a bounded cache keyed by its text) and its evaluation is
-memoised on the attributes the expression can read, so a fleet of identical GPUs costs one
-evaluation per distinct GPU kind, not one per GPU, and not one per node reconcile.
+memoised, so a fleet of identical GPUs costs one evaluation per distinct GPU kind, not one per
+GPU, and not one per node reconcile. The memo key is what the expression can read of the
+device: ``reads_of`` follows ``device`` through the expression's tokens and proves that it
+reads only attributes and capacities named by literals (``device.attributes["<domain>"].<name>``
+or ``["<domain>"]["<name>"]``); then only those entries key the memo. An expression it cannot
+prove (a computed name such as ``["product" + "Name"]``, a domain's map walked by a macro,
+``device`` passed whole) is keyed on the whole device: always right, memoised less.
 Not for: admission checks of the expression (the apiserver has no CEL for our selector; bad
 expressions surface here as a :class:`GpuSelectorError`, which the operator reports).
 """
@@ -72,8 +77,18 @@ FlatDevice = dict[str, tuple[str, Hashable]]
 _CAPACITY = "capacity/"
 _MEMORY = f"{_CAPACITY}{DRIVER_NAME}/{MEMORY_CAPACITY}"
 
-# Macros that can walk a map's keys: with them, any attribute may be read, so no pruning.
-_WALKING_MACROS = re.compile(r"\b(all|exists|exists_one|map|filter|size)\s*\(")
+# CEL's lexical pieces, enough to follow ``device`` through an expression that compiled:
+# comments and spaces, strings in every quoting (only plain ones without escapes are read as
+# names), numbers, identifiers, ``.?`` (optional selection) and any other single character.
+_TOKEN = re.compile(
+    r"(?P<space>\s+|//[^\n]*)"
+    r"|(?P<string>[rRbB]{0,2}(?:'''[\s\S]*?'''|\"\"\"[\s\S]*?\"\"\"|'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"))"
+    r"|(?P<number>[0-9][0-9A-Za-z_.]*)"
+    r"|(?P<ident>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<other>\.\?|.)"
+)
+_PLAIN_STRING = re.compile(r"\"([^\"\\]*)\"|'([^'\\]*)'")
+ReadSet = frozenset[tuple[str, str, str]]  # ("attributes" | "capacity", domain, name)
 
 
 _MEMO_LIMIT = 65_536
@@ -269,6 +284,62 @@ def flat_device(gpu: GpuStatus) -> FlatDevice:
     return flat
 
 
+def _entry(qualified: str) -> tuple[str, str, str]:
+    """Where a ``FlatDevice`` entry sits in the CEL device: (kind, domain, name)."""
+    kind = "attributes"
+    if qualified.startswith(_CAPACITY):
+        kind, qualified = "capacity", qualified.removeprefix(_CAPACITY)
+    domain, _, name = qualified.rpartition("/")
+    return kind, domain or DRIVER_NAME, name
+
+
+def _literal(token: tuple[str, str]) -> str | None:
+    """The text of a plain string literal (no escapes, prefixes or triple quotes), else None."""
+    if token[0] != "string":
+        return None
+    match = _PLAIN_STRING.fullmatch(token[1])
+    if match is None:
+        return None
+    return match.group(1) if match.group(1) is not None else match.group(2)
+
+
+def reads_of(source: str) -> ReadSet | None:
+    """The attributes and capacities ``source`` can read of ``device``, or None when that cannot
+    be proved from its tokens (then any entry of the device may matter).
+
+    Every ``device`` that is not a field of something else (``x.device``) must be followed by
+    ``.driver``, ``.allowMultipleAllocations`` (the same for every device), or
+    ``.attributes`` / ``.capacity``, a literal domain in brackets, and a name: ``.<name>``
+    not called as a method, or a literal in brackets. Anything else reads what no literal
+    names."""
+    tokens = [(m.lastgroup or "other", m.group()) for m in _TOKEN.finditer(source) if m.lastgroup != "space"]
+
+    def at(i: int) -> tuple[str, str]:
+        return tokens[i] if 0 <= i < len(tokens) else ("end", "")
+
+    reads: set[tuple[str, str, str]] = set()
+    for i, token in enumerate(tokens):
+        if token != ("ident", "device") or at(i - 1)[1] in (".", ".?"):
+            continue
+        if at(i + 1)[1] != "." or at(i + 2)[0] != "ident":
+            return None  # device used whole, indexed, or selected optionally
+        part = at(i + 2)[1]
+        if part in ("driver", "allowMultipleAllocations"):
+            continue
+        if part not in ("attributes", "capacity"):
+            return None
+        domain = _literal(at(i + 4)) if at(i + 3)[1] == "[" and at(i + 5)[1] == "]" else None
+        name: str | None = None
+        if at(i + 6)[1] == "." and at(i + 7)[0] == "ident" and at(i + 8)[1] != "(":
+            name = at(i + 7)[1]
+        elif at(i + 6)[1] == "[" and at(i + 8)[1] == "]":
+            name = _literal(at(i + 7))
+        if domain is None or name is None:
+            return None  # a computed domain or name, or a domain's map walked, sized or passed on
+        reads.add((part, domain, name))
+    return frozenset(reads)
+
+
 def flat_published_device(device: Mapping[str, Any]) -> FlatDevice:
     """A device in the ``resource.k8s.io/v1`` wire shape (as ``tessera.dra.devices`` builds it
     for a slice) in the form :meth:`CompiledGpuSelector.matches` reads, so a claim's or a
@@ -294,17 +365,14 @@ def _cel_device(flat: FlatDevice) -> dict[str, Any]:
         "capacity": {DRIVER_NAME: {}},
     }
     for qualified, (wire_type, wire_value) in flat.items():
-        kind = "attributes"
-        if qualified.startswith(_CAPACITY):
-            kind, qualified = "capacity", qualified.removeprefix(_CAPACITY)
-        domain, _, name = qualified.rpartition("/")
+        kind, domain, name = _entry(qualified)
         if wire_type == "version":
             value: Any = _semver_value(str(wire_value))
         elif wire_type == "quantity":
             value = quantity_value(Fraction(str(wire_value)))
         else:
             value = wire_value
-        device[kind].setdefault(domain or DRIVER_NAME, {})[name] = value
+        device[kind].setdefault(domain, {})[name] = value
     return device
 
 
@@ -314,21 +382,21 @@ class CompiledGpuSelector:
 
     source: str
     _program: cel.Program = field(repr=False)
-    _names: frozenset[str] | None = field(repr=False)
+    _reads: ReadSet | None = field(repr=False)  # None: not proved, the whole device keys the memo
     _memo: dict[tuple[Hashable, ...], bool | str] = field(default_factory=dict, repr=False)
     _relevant: dict[str, bool] = field(default_factory=dict, repr=False)
 
     def _key(self, flat: FlatDevice) -> tuple[Hashable, ...]:
         """What the expression can read of ``flat``. Insertion order is the publisher's
         fixed order, so equal devices give equal keys."""
-        if self._names is None:
+        if self._reads is None:
             return tuple(flat.items())
         relevant = self._relevant
         key = []
         for item in flat.items():
             wanted = relevant.get(item[0])
             if wanted is None:
-                wanted = relevant[item[0]] = item[0].rpartition("/")[2] in self._names
+                wanted = relevant[item[0]] = _entry(item[0]) in self._reads
             if wanted:
                 key.append(item)
         return tuple(key)
@@ -404,8 +472,7 @@ def _compile(source: str) -> CompiledGpuSelector | GpuSelectorError:
         program = cel.compile(source)
     except (ValueError, RuntimeError) as exc:
         return GpuSelectorError(f"gpuSelector {source!r} does not parse: {_parse_detail(str(exc))}")
-    names = None if _WALKING_MACROS.search(source) else frozenset(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", source))
-    return CompiledGpuSelector(source, program, names)
+    return CompiledGpuSelector(source, program, reads_of(source))
 
 
 def compile_gpu_selector(source: str) -> CompiledGpuSelector:

@@ -7,8 +7,11 @@ daemon's ``CUDA_MPS_PIPE_DIRECTORY``: its ``control`` socket and
 ``nvidia-cuda-mps-control.pid``), ``log``, and ``tessera-mps.json``, the agent's record of the
 daemon it started (the defaults it set, how often it had to restart it).
 
-Daemons outlive the agent: they are started in the background (``-d``), not as its children.
-A restarted agent finds them again through the pid file, and trusts it only when that pid is
+Daemons outlive the agent: they are started in the background (``-d``), not as its children,
+and where the agent runs in a container (whose end takes every process in it along) the agent
+does not start them at all: it asks the node's MPS host (``tessera.agent.backends.mpshost``, a
+Pod of its own) through a request file in the device's folder (``host_program``). A restarted
+agent finds them again through the pid file, and trusts it only when that pid is
 alive and has this pipe folder in its environment (a pid file or socket left by a daemon that
 died is stale, and cleared before a new daemon starts). ``state()`` tells ``RUNNING``,
 ``CRASHED`` (a record, no live daemon: it died without being asked to stop) or ``ABSENT``.
@@ -38,6 +41,8 @@ from tessera.agent.backends.base import BackendError, BackendTimeoutError, MpsDe
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 RECORD = "tessera-mps.json"
+LAUNCH_REQUEST = "tessera-mps-launch.json"  # agent -> MPS host: start this folder's daemon
+LAUNCH_ERROR = "tessera-mps-launch.error"  # MPS host -> agent: why it could not
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +76,13 @@ def run_checked(runner: CommandRunner, what: str, argv: list[str], env: dict[str
         detail = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
         raise BackendError(f"{what}: {' '.join(argv)} failed: {detail}")
     return done.stdout
+
+
+def mps_log_directory(pipe_directory: str) -> str | None:
+    """The log folder beside a daemon's pipe folder (``<root>/<uuid>/pipe`` -> ``<root>/<uuid>/log``),
+    which client containers mount too; None for a pipe folder not laid out by ``MpsDaemons``."""
+    pipe = Path(pipe_directory)
+    return str(pipe.parent / "log") if pipe.name == "pipe" else None
 
 
 class DaemonState(StrEnum):
@@ -127,12 +139,20 @@ class MpsDaemons:
     """The MPS control daemons under ``root``, driven through ``control`` (the program's argv)."""
 
     def __init__(
-        self, root: Path, control: Sequence[str], runner: CommandRunner = run_command, ready_timeout_s: float = 10.0
+        self,
+        root: Path,
+        control: Sequence[str],
+        runner: CommandRunner = run_command,
+        ready_timeout_s: float = 10.0,
+        host_program: str | None = None,
     ) -> None:
+        """``host_program``: None, the agent runs ``control -d`` itself; otherwise the name the
+        node's MPS host knows this program by (``mpshost.PROGRAMS``), and the host starts it."""
         self.root = root
         self.control = list(control)
         self.runner = runner
         self.ready_timeout_s = ready_timeout_s
+        self.host_program = host_program
 
     # -- paths --
 
@@ -198,7 +218,10 @@ class MpsDaemons:
                 (self.folder(device_uuid) / "log").mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise BackendError(f"{what}: cannot prepare {pipe}: {e}") from None
-            run_checked(self.runner, what, [*self.control, "-d"], self.env(device_uuid), None)
+            if self.host_program is None:
+                run_checked(self.runner, what, [*self.control, "-d"], self.env(device_uuid), None)
+            else:
+                self._ask_host(device_uuid, what)
             self._wait_ready(device_uuid, what)
             record = None  # a new daemon has no defaults yet
         if record is None or record.defaults != wanted:
@@ -211,10 +234,31 @@ class MpsDaemons:
         self._write_record(DaemonRecord(device_uuid, wanted, restarts))
         return str(pipe), restarted
 
+    def _ask_host(self, device_uuid: str, what: str) -> None:
+        folder = self.folder(device_uuid)
+        try:
+            (folder / LAUNCH_ERROR).unlink(missing_ok=True)
+            tmp = folder / (LAUNCH_REQUEST + ".tmp")
+            tmp.write_text(json.dumps({"program": self.host_program}))
+            os.replace(tmp, folder / LAUNCH_REQUEST)
+        except OSError as e:
+            raise BackendError(f"{what}: cannot ask the MPS host: {e}") from None
+
     def _wait_ready(self, device_uuid: str, what: str) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
         while self.pid(device_uuid) is None or not (self.pipe(device_uuid) / "control").exists():
+            if self.host_program is not None:
+                with contextlib.suppress(OSError):
+                    refused = (self.folder(device_uuid) / LAUNCH_ERROR).read_text().strip()
+                    raise BackendError(f"{what}: the MPS host could not: {refused}")
             if time.monotonic() > deadline:
+                if self.host_program is not None:
+                    with contextlib.suppress(OSError):
+                        (self.folder(device_uuid) / LAUNCH_REQUEST).unlink()
+                    raise BackendTimeoutError(
+                        f"{what}: no MPS host started it within {self.ready_timeout_s:.0f} s; is the "
+                        "tessera-mps-host DaemonSet's Pod running on this node (kubectl -n tessera-system get pods)?"
+                    )
                 raise BackendTimeoutError(f"{what}: the daemon did not come up within {self.ready_timeout_s:.0f} s")
             time.sleep(0.02)
 

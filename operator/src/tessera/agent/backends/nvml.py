@@ -91,6 +91,7 @@ class NvmlBackend:
         nvidia_smi: str = "nvidia-smi",
         mps_control: str | Sequence[str] = "nvidia-cuda-mps-control",
         sysfs: str = "/sys",
+        mps_host: bool = False,  # the node's MPS host starts the daemons (tessera.agent.backends.mpshost)
     ) -> None:
         if nvml is None:
             import pynvml
@@ -100,7 +101,7 @@ class NvmlBackend:
         self._runner = runner
         self._nvidia_smi = nvidia_smi
         control = [mps_control] if isinstance(mps_control, str) else list(mps_control)
-        self._daemons = MpsDaemons(Path(mps_root), control, runner)
+        self._daemons = MpsDaemons(Path(mps_root), control, runner, host_program="nvidia" if mps_host else None)
         self._sysfs = Path(sysfs)
         self._lock = threading.RLock()
         self._initialised = False

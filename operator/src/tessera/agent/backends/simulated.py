@@ -516,8 +516,10 @@ class SimulatedBackend:
         mps_root: str = "/run/tessera/mps",
         mps_processes: bool = False,
         device_dir: Path | None = None,
+        mps_host: bool = False,  # the node's MPS host starts the stand-ins (tessera.agent.backends.mpshost)
     ) -> SimulatedBackend:
-        daemons = MpsDaemons(Path(mps_root), STANDIN_MPS_CONTROL) if mps_processes else None
+        host_program = "standin" if mps_host else None
+        daemons = MpsDaemons(Path(mps_root), STANDIN_MPS_CONTROL, host_program=host_program) if mps_processes else None
         return cls(SimulatedHardware(node_name, parse_simulate_spec(spec), state_file, mps_root), daemons, device_dir)
 
     @property

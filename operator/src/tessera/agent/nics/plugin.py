@@ -35,6 +35,7 @@ from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef
 from tessera.agent.plugin.proto import dra_v1_pb2, pluginregistration_v1_pb2
 from tessera.dra.nics import BANDWIDTH_CAPACITY, CEILING_ATTRIBUTE, NIC_DRIVER, nic_device_name
 from tessera.kube.http import KubeClient, resource_path
+from tessera.models.allocation import allocation_results
 from tessera.models.nics import NicStatus
 from tessera.models.quantity import parse_quantity
 
@@ -73,26 +74,25 @@ def share_requests(
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise ClaimError(f"ResourceClaim {ref} is not allocated yet")
-    results = [r for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == NIC_DRIVER]
+    results = allocation_results(claim, NIC_DRIVER, include_admin_access=True)  # the rules every family shares
     if not results:
         raise ClaimError(f"ResourceClaim {ref} has no device of driver {NIC_DRIVER}")
     by_device = {nic_device_name(n.interface): n for n in nics}
     shares = []
     for result in results:
-        if result.get("pool") != node:
-            raise ClaimError(f"ResourceClaim {ref} holds a NIC of node {result.get('pool')}, but this is node {node}")
-        nic = by_device.get(str(result.get("device")))
+        if result.pool != node:
+            raise ClaimError(f"ResourceClaim {ref} holds a NIC of node {result.pool}, but this is node {node}")
+        nic = by_device.get(result.device)
         if nic is None:
-            raise ClaimError(f"ResourceClaim {ref}: no NIC {result.get('device')} on node {node}")
-        bandwidth = (result.get("consumedCapacity") or {}).get(BANDWIDTH_CAPACITY)
+            raise ClaimError(f"ResourceClaim {ref}: no NIC {result.device} on node {node}")
+        bandwidth = result.consumed_capacity.get(BANDWIDTH_CAPACITY)
         if bandwidth is None:
-            raise ClaimError(f"ResourceClaim {ref}: the allocation of {result.get('device')} books no bandwidth")
-        share_id = str(result.get("shareID") or result.get("request"))
-        device = str(result.get("device"))
+            raise ClaimError(f"ResourceClaim {ref}: the allocation of {result.device} books no bandwidth")
+        share_id = result.share_id or result.request
         request = ShareRequest(
-            share_id, nic.interface, parse_quantity(str(bandwidth)), ceil_bps=(ceilings or {}).get(device)
+            share_id, nic.interface, parse_quantity(bandwidth), ceil_bps=(ceilings or {}).get(result.device)
         )
-        shares.append(AllocatedShare(str(result.get("request", "")).split("/", 1)[0], str(result["device"]), request))
+        shares.append(AllocatedShare(result.request.split("/", 1)[0], result.device, request))
     return shares
 
 

@@ -16,7 +16,8 @@ What a container gets per device:
   device nodes, but no MPS pipe or limits, and no hold: the reconciler may change the device
   under it, and the operator never waits for it;
 - for an MPS share: the host's pipe folder of that device's MPS server mounted at
-  ``/tmp/nvidia-mps`` with ``CUDA_MPS_PIPE_DIRECTORY`` pointing there,
+  ``/tmp/nvidia-mps`` with ``CUDA_MPS_PIPE_DIRECTORY`` pointing there, and its log folder at
+  ``/var/log/nvidia-mps`` (``CUDA_MPS_LOG_DIRECTORY``),
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from the allocation's consumed ``compute`` and
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=<uuid>=<MiB>M`` from its consumed ``memory``.
 Not for: I/O of any kind (``prepare``, ``cdi``, ``checkpoint``), or reading claims (``claims``).
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.agent.backends.base import GpuInfo, Inventory, MigInstanceInfo
+from tessera.agent.backends.mps import mps_log_directory
 from tessera.agent.plugin.cdi import CdiDevice, ContainerEdits, Mount, cdi_device_name, qualified_device_id
 from tessera.agent.plugin.checkpoint import ClaimState, DynamicInstance, PreparedClaim, PreparedDevice
 from tessera.agent.plugin.claims import AllocatedDevice, ClaimError, ClaimRef
@@ -38,6 +40,7 @@ from tessera.models.devices import DeviceKind, DeviceRef
 from tessera.models.quantity import MIB, parse_quantity
 
 MPS_CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # inside the container, where NVIDIA's driver mounts it
+MPS_CONTAINER_LOG_DIRECTORY = "/var/log/nvidia-mps"  # the daemon's log folder, the MPS default path
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +138,12 @@ def _request_env(group: Sequence[DeviceAccess]) -> tuple[tuple[str, ...], tuple[
     memory = [f"{a.device_uuid}={lim.pinned_memory_mib}M" for a, lim in limits if lim.pinned_memory_mib is not None]
     if memory:
         env.append(f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={','.join(memory)}")
-    return tuple(env), (Mount(pipes[0], MPS_CONTAINER_PIPE_DIRECTORY),)
+    mounts = [Mount(pipes[0], MPS_CONTAINER_PIPE_DIRECTORY)]
+    log_directory = mps_log_directory(pipes[0])
+    if log_directory is not None:
+        env.append(f"CUDA_MPS_LOG_DIRECTORY={MPS_CONTAINER_LOG_DIRECTORY}")
+        mounts.append(Mount(log_directory, MPS_CONTAINER_LOG_DIRECTORY))
+    return tuple(env), tuple(mounts)
 
 
 def build_cdi_devices(

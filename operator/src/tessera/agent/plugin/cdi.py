@@ -133,7 +133,9 @@ def encode_spec(spec: Mapping[str, Any]) -> bytes:
 
 
 def write_claim_spec(cdi_dir: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
-    """Write (or replace) the claim's spec file atomically; returns its path."""
+    """Write (or replace) the claim's spec file atomically; returns its path. The folder is made
+    when missing: /var/run/cdi is on tmpfs, and after a reboot nothing may have made it yet."""
+    cdi_dir.mkdir(parents=True, exist_ok=True)
     path = cdi_dir / spec_file_name(claim_uid)
     write_atomically(path, encode_spec(spec))
     return path

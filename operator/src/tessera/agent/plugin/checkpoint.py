@@ -95,6 +95,7 @@ class PreparedClaim(_Value):
 class CheckpointData(_Value):
     node: str
     claims: dict[str, PreparedClaim] = Field(default_factory=dict)
+    boot_id: str | None = None  # the node's boot it was written in (tessera.agent.plugin.boot)
 
 
 def _canonical(data: Any) -> bytes:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from tessera.kube.claims import read_resource_claim
 from tessera.kube.claimstatus import ClaimGoneError, apply_claim_device_status
 from tessera.kube.http import ApiError, KubeClient
+from tessera.models.allocation import allocation_results
 from tessera.models.devices import DeviceRef, parse_device_name
 
 Claim = Mapping[str, Any]
@@ -73,10 +74,10 @@ def allocated_devices(claim: Claim, ref: ClaimRef, driver: str, node: str) -> li
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise ClaimError(f"ResourceClaim {ref} is not allocated yet; the scheduler allocates it first")
-    results = [r for r in (allocation.get("devices") or {}).get("results") or [] if r.get("driver") == driver]
+    results = allocation_results(claim, driver, include_admin_access=True)
     if not results:
         raise ClaimError(f"ResourceClaim {ref} has no device of driver {driver}; it is not Tessera's to prepare")
-    elsewhere = sorted({str(r.get("pool")) for r in results if r.get("pool") != node})
+    elsewhere = sorted({r.pool for r in results if r.pool != node})
     if elsewhere:
         raise ClaimError(
             f"ResourceClaim {ref} is allocated devices of node {', '.join(elsewhere)}, "
@@ -84,20 +85,19 @@ def allocated_devices(claim: Claim, ref: ClaimRef, driver: str, node: str) -> li
         )
     devices = []
     for result in results:
-        name = str(result.get("device", ""))
         try:
-            device_ref = parse_device_name(name)
+            device_ref = parse_device_name(result.device)
         except ValueError as error:
             raise ClaimError(f"ResourceClaim {ref}: {error}") from None
         devices.append(
             AllocatedDevice(
-                request=str(result.get("request", "")),
+                request=result.request,
                 pool=node,
-                device=name,
+                device=result.device,
                 ref=device_ref,
-                share_id=result.get("shareID"),
-                consumed_capacity={str(k): str(v) for k, v in (result.get("consumedCapacity") or {}).items()},
-                admin_access=result.get("adminAccess") is True,
+                share_id=result.share_id,
+                consumed_capacity=result.consumed_capacity,
+                admin_access=result.admin_access,
             )
         )
     return devices

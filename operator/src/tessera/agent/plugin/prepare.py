@@ -54,6 +54,7 @@ from tessera.agent.plugin.access import (
     recovered_device,
     replace_devices,
 )
+from tessera.agent.plugin.boot import BOOT_ID_FILE, from_an_earlier_boot, read_boot_id
 from tessera.agent.plugin.cdi import (
     claim_spec,
     read_claim_specs,
@@ -99,6 +100,7 @@ class PreparerSettings:
     checkpoint_path: Path
     proc_root: Path = Path("/proc")
     dev_root: Path | None = None  # host folder standing for /dev (simulated GPUs); None: /dev
+    boot_id_file: Path = BOOT_ID_FILE  # tells one boot of the node from the next
 
 
 class ClaimPreparer:
@@ -118,6 +120,7 @@ class ClaimPreparer:
         self._status = ClaimStatusWrites(status_writer, self.metrics) if status_writer is not None else None
         self._settings = settings
         self._claims: dict[str, PreparedClaim] = {}
+        self._boot_id: str | None = None  # read by restore()
         self._claim_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._hardware_lock = asyncio.Lock()
         # DynamicMIG instances a prepare in flight has made or taken, by instance UUID -> claim
@@ -155,11 +158,26 @@ class ClaimPreparer:
             await asyncio.to_thread(save_checkpoint, self._settings.checkpoint_path, data)
         if data is not None and data.node != self._settings.node:
             self._log.warning("checkpoint was written for another node; using it", written_for=data.node)
+        self._boot_id = await asyncio.to_thread(read_boot_id, self._settings.boot_id_file)
+        if from_an_earlier_boot(data, self._boot_id) and data is not None:
+            await self._forget_earlier_boot(data)
+            data = None
         self._claims = dict(data.claims) if data else {}
         for claim in self._claims.values():
             for uuid in claim.device_uuids:
                 await self._call(self._backend.hold, uuid, claim.uid, quiet=True)
         self._log.info("plugin state restored", claims=len(self._claims), in_use=sorted(self.in_use_device_uuids()))
+
+    async def _forget_earlier_boot(self, data: CheckpointData) -> None:
+        """The node rebooted since ``data`` was written: nothing uses its claims now (see
+        ``tessera.agent.plugin.boot``). Drop them and any CDI spec of theirs left behind; the
+        kubelet prepares again the claims of the Pods that come back."""
+        for uid in data.claims:
+            await asyncio.to_thread(remove_claim_spec, self._settings.cdi_dir, uid)
+        self._log.warning("the node rebooted since the checkpoint was written: its claims are no longer prepared",
+                          claims=sorted(data.claims), written_in_boot=data.boot_id, boot=self._boot_id)
+        await asyncio.to_thread(save_checkpoint, self._settings.checkpoint_path,
+                                CheckpointData(node=self._settings.node, boot_id=self._boot_id))
 
     async def _recover_from_cdi(self) -> CheckpointData:
         specs = await asyncio.to_thread(read_claim_specs, self._settings.cdi_dir)
@@ -186,7 +204,7 @@ class ClaimPreparer:
             if self._saved >= mine:
                 return  # a write that started after this change already covered it
             covered = self._changes
-            data = CheckpointData(node=self._settings.node, claims=dict(self._claims))
+            data = CheckpointData(node=self._settings.node, claims=dict(self._claims), boot_id=self._boot_id)
             await asyncio.to_thread(save_checkpoint, self._settings.checkpoint_path, data)
             self._saved = covered
 

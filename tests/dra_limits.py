@@ -1,4 +1,8 @@
-"""The apiserver's ResourceSlice rules (``resource.k8s.io/v1``, Kubernetes 1.36), checked offline.
+"""The apiserver's ResourceSlice rules (``resource.k8s.io/v1``, Kubernetes 1.36), checked offline
+by the unit tests: a quick, readable net under the slice builders. The check of record is the
+real apiserver (``tests/integration/test_publisher_admission.py`` creates the slices, and its
+server-side validation refuses what breaks these rules); this module only lets the unit tests
+say which rule a builder broke without a cluster.
 
 A subset of ``pkg/apis/resource/validation`` that Tessera's slices can break: devices xor
 counters, device counts (128, 64 with taints or counter consumption), attributes+capacities
@@ -10,7 +14,7 @@ and max on a step from min), taints (≤ 16, known effects), counters (≤ 8 set
 device names and counter set names unique, consumed counters defined and never overdrawn by
 one device, one generation and a slice count that matches.
 Each function returns readable problems; an empty list means the apiserver would take it.
-Not for: building slices (``tessera.dra.slices``).
+Not for: building slices (``tessera.dra.slices``, which owns the device-count limits it chunks by).
 """
 
 from __future__ import annotations
@@ -20,10 +24,9 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
+from tessera.dra.slices import MAX_DEVICES, MAX_DEVICES_WITH_ADVANCED_FEATURES
 from tessera.models.quantity import quantity_value
 
-MAX_DEVICES = 128
-MAX_DEVICES_WITH_ADVANCED_FEATURES = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ATTRIBUTE_VALUE_LENGTH = 64
 MAX_TAINTS = 16
