@@ -3,6 +3,10 @@
     .venv/bin/python benchmarks/bench_operator.py [--nodes 10,100,500] [--simulate 8xH100-80GB]
         [--concurrency 16] [--timeout 900] [--history] [--profile DIR]
     .venv/bin/python benchmarks/bench_operator.py --nodes 1000,2000,5000   # as far as the machine holds
+    .venv/bin/python benchmarks/bench_operator.py --nodes 1000,2000 --restart-only
+
+``--restart-only`` runs only the first start (every GPU Exclusive) and the no-op restart, and
+prints ``restart N=<n>: <w> writes, <c> objects changed, ready <s>, peak RSS <m> MiB (<k> KiB/node)``.
 
 Per N it also prints two lines a script can compare across runs:
 ``rollout/floor N=<n>: <ratio>x (rollout <s> s, floor <s> s)`` and
@@ -612,6 +616,45 @@ async def replay(api: KubeClient, writes: RolloutWrites, concurrency: int) -> fl
     return time.monotonic() - t
 
 
+async def measure_restart(n: int, kube: KubeClient, processes: TesseraProcesses, operator: TesseraProcess,
+                          profile: Path | None, phase_timeout: float, result: Result) -> None:
+    """The no-op resync: stop ``operator``, start a new one, and count what it writes (must be
+    nothing), how long until it has reconciled every node and made a status pass, and its peak RSS."""
+    fig = result.figures
+    rv_before = await versions(kube)
+    stop_operator(processes, operator)
+    if profile is not None:
+        print(f"-- cProfile of the first operator (N={n}), {profile} --")
+        print_profile(profile)
+    t1 = time.monotonic()
+    restarted = start_operator(processes, "operator-restarted", None)
+
+    def reconciled() -> dict[str, float] | None:
+        m = restarted.metrics()
+        return m if m.get(RECONCILED, 0) >= n and m.get(PASSES, 0) >= 1 else None
+
+    await wait_until(reconciled, phase_timeout, "the restarted operator to reconcile every node")
+    fig["resync: start -> N reconciled + status pass"] = f"{time.monotonic() - t1:.1f}s"
+    resynced = await settle(restarted, quiet=3.0, timeout=phase_timeout)
+    rv_after = await versions(kube)
+    changed = sorted(k for k in rv_after.keys() | rv_before.keys() if rv_after.get(k) != rv_before.get(k))
+    writes = writes_of(resynced)
+    result.noop_ok = not writes and not changed
+    put_writes(fig, "resync: operator API writes (must be 0)", writes)
+    if writes:
+        fig["resync: operator API writes (must be 0)"] += " FAIL"
+    fig["resync: objects changed (resourceVersion)"] = (
+        f"{len(changed)} of {len(rv_after)}" + (f"  FAIL: {', '.join(changed[:5])}" if changed else "")
+    )
+    fig["resync: reconciles"] = f"{int(resynced.get(RECONCILED, 0))}"
+    fig["operator peak RSS (VmHWM), restarted"] = mib(proc_status(restarted.popen.pid, "VmHWM"))
+    rss = proc_status(restarted.popen.pid, "VmHWM")
+    print(f"restart N={n}: {sum(writes.values()):.0f} writes, {len(changed)} objects changed, ready "
+          f"{fig['resync: start -> N reconciled + status pass']}, peak RSS {rss / 2**20:.0f} MiB "
+          f"({rss / 1024 / n:.0f} KiB/node)", flush=True)
+    stop_operator(processes, restarted)
+
+
 async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
     result = Result(n)
     fig = result.figures
@@ -654,7 +697,13 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fig["first start: all Exclusive slices published"] = f"{time.monotonic() - t:.1f}s"
         before = await settle(operator, quiet=3.0, timeout=phase_timeout)
         put_writes(fig, "first start: operator API writes", writes_of(before))
-        print(f"operator published {n * GPUS_PER_NODE} Exclusive slices; applying the policy", flush=True)
+        print(f"operator published {n * GPUS_PER_NODE} Exclusive slices", flush=True)
+        if args.restart_only:  # no rollout, no floor: restart over the Exclusive fleet
+            await measure_restart(n, kube, processes, operator, profile, phase_timeout, result)
+            fig["bench process peak RSS (fleet + watch)"] = mib(proc_status(os.getpid(), "VmHWM"))
+            fig["fleet failed passes"] = f"{fleet.failed_passes}"
+            return result
+        print("applying the policy", flush=True)
 
         # The policy rollout.
         policy = {
@@ -723,38 +772,11 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fig["operator peak RSS (VmHWM), first run"] = mib(proc_status(operator.popen.pid, "VmHWM"))
 
         # The no-op resync: a new operator process finds everything as it should be.
-        rv_before = await versions(kube)
-        stop_operator(processes, operator)
-        if profile is not None:
-            print(f"-- cProfile of the first operator (N={n}), {profile} --")
-            print_profile(profile)
-        t1 = time.monotonic()
-        restarted = start_operator(processes, "operator-restarted", None)
-
-        def reconciled() -> dict[str, float] | None:
-            m = restarted.metrics()
-            return m if m.get(RECONCILED, 0) >= n and m.get(PASSES, 0) >= 1 else None
-
-        await wait_until(reconciled, phase_timeout, "the restarted operator to reconcile every node")
-        fig["resync: start -> N reconciled + status pass"] = f"{time.monotonic() - t1:.1f}s"
-        resynced = await settle(restarted, quiet=3.0, timeout=phase_timeout)
-        rv_after = await versions(kube)
-        changed = sorted(k for k in rv_after.keys() | rv_before.keys() if rv_after.get(k) != rv_before.get(k))
-        writes = writes_of(resynced)
-        result.noop_ok = not writes and not changed
-        put_writes(fig, "resync: operator API writes (must be 0)", writes)
-        if writes:
-            fig["resync: operator API writes (must be 0)"] += " FAIL"
-        fig["resync: objects changed (resourceVersion)"] = (
-            f"{len(changed)} of {len(rv_after)}" + (f"  FAIL: {', '.join(changed[:5])}" if changed else "")
-        )
-        fig["resync: reconciles"] = f"{int(resynced.get(RECONCILED, 0))}"
-        fig["operator peak RSS (VmHWM), restarted"] = mib(proc_status(restarted.popen.pid, "VmHWM"))
+        await measure_restart(n, kube, processes, operator, profile, phase_timeout, result)
         fig["bench process peak RSS (fleet + watch)"] = mib(proc_status(os.getpid(), "VmHWM"))
         fig["fleet failed passes"] = f"{fleet.failed_passes}"
 
         # The raw floor: the rollout's slice and spec writes again, with nothing else running.
-        stop_operator(processes, restarted)
         await published.stop()
         await fleet.stop()
         counted = rollout_writes.count()
@@ -828,6 +850,9 @@ def main() -> int:
                         help="nodes written at once for the raw floor, comma-separated: each is timed and the "
                         "fastest is the floor (default 8,16,32)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds each phase may take")
+    parser.add_argument("--restart-only", action="store_true",
+                        help="only the first start (every GPU Exclusive) and the no-op restart: no policy rollout, "
+                        "no floor (the sizes a full run cannot reach in time)")
     parser.add_argument("--history", action="store_true", help="print the SharingPolicy status history")
     parser.add_argument("--profile", default=None, help="run the first operator under cProfile, profiles here")
     args = parser.parse_args()

@@ -3,6 +3,7 @@ told again only after it was found and lost again; the gauge counts across nodes
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import REGISTRY
 
 from tessera.controller.decide import MissingDevice
@@ -32,6 +33,28 @@ async def test_each_claim_and_device_is_told_once_and_again_after_it_came_back_a
     await rooms.tell("n1", (a, b))  # and lost again
     assert told[-1] == ("ns/a", "gpu-0")
     assert len(told) == 3
+
+
+async def test_a_warning_whose_post_failed_is_posted_on_the_next_pass_and_the_others_still_go() -> None:
+    posted: list[tuple[str, str]] = []
+    failing = {("ns/a", "gpu-0")}
+
+    async def post(each: MissingDevice) -> None:
+        if (each.claim.key, each.device) in failing:
+            raise ConnectionError("apiserver went away")
+        posted.append((each.claim.key, each.device))
+
+    rooms = MissingDevices(post)
+    a, b = missing("n1", "a", "gpu-0"), missing("n1", "b", "gpu-1")
+    with pytest.raises(ConnectionError):  # the node goes back on the queue
+        await rooms.tell("n1", (a, b))
+    assert posted == [("ns/b", "gpu-1")]  # b was not held back by a's failure
+
+    failing.clear()
+    await rooms.tell("n1", (a, b))  # the next pass: a is told now, b not again
+    assert posted == [("ns/b", "gpu-1"), ("ns/a", "gpu-0")]
+    await rooms.tell("n1", (a, b))
+    assert len(posted) == 2
 
 
 async def test_the_gauge_counts_every_nodes_missing_devices_and_drops_a_forgotten_node() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from collections.abc import Awaitable
 from typing import Any, cast
 
@@ -298,3 +299,20 @@ async def test_a_deletion_the_watch_brings_while_we_write_is_not_undone_by_our_a
     await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
     assert writes.made[-1] == "resourceslice/create", "the next publish puts the slice back"
     assert name in api.stored
+
+
+async def test_the_cache_holds_each_slice_packed_and_gives_back_what_the_api_sent_without_managed_fields() -> None:
+    api = FakeSliceApi()
+    pub, _ = publisher(api)
+    await pub.publish(NODE, NODE_UID, [build_gpu_devices(mig_gpu(0))])
+    stored = api.stored[f"{NODE}-tessera-gpu-0"]
+    seen = copy.deepcopy(stored)
+    seen["metadata"]["resourceVersion"] = "9999"  # someone else's version, as the watch brings it
+    seen["metadata"]["managedFields"] = [{"manager": "someone", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+    assert pub.seen("MODIFIED", seen)
+
+    entry = pub.slices[NODE][f"{NODE}-tessera-gpu-0"]
+    del seen["metadata"]["managedFields"]
+    assert entry.body() == seen
+    as_json = len(json.dumps(seen, separators=(",", ":")))
+    assert len(entry.packed) * 3 < as_json, f"{len(entry.packed)} bytes kept for a {as_json}-byte slice"

@@ -283,6 +283,8 @@ async def test_mps_daemons_and_their_clients_outlive_an_agent_restart_and_a_roll
     seen = re.search(r"^NVIDIA_VISIBLE_DEVICES=(\S+)$", after, re.M)
     assert seen, after
     assert f"mps {daemons[seen.group(1)]}" in after.splitlines(), after
+    # Gone before the Helm tests below, which count what the sample Pods alone hold.
+    cluster.kubectl("delete", "pods", "--all", "-n", namespace, "--grace-period=1", "--wait=true", "--timeout=120s")
     cluster.kubectl("delete", "namespace", namespace, "--wait=false")
 # ---- The Helm chart on the same real node: from the kubectl install above to the chart, an
 # upgrade while Pods hold devices, the uninstall, and a fresh install. One cycle, this cluster.
@@ -428,8 +430,14 @@ async def test_an_upgrade_of_the_agent_keeps_running_pods_and_their_devices(inst
     assert len(before) == 2
     old_agent = agent_pod(cluster)
     checkpoint = installed.node.host_path("/var/lib/kubelet/plugins/gpu.tessera.dev/checkpoint.json")
-    prepared = set(json.loads(checkpoint.read_text())["data"]["claims"])
-    assert len(prepared) == 2
+
+    def prepared_claims() -> set[str]:
+        return set(json.loads(checkpoint.read_text())["data"]["claims"])
+
+    # The kubelet unprepares the claims of Pods that earlier tests deleted on its own time.
+    await wait_for(lambda: len(prepared_claims()) == 2, timeout=120, interval=1,
+                   message="the checkpoint holding the two sample Pods' claims alone")
+    prepared = prepared_claims()
     started = time.monotonic()
     with AvailabilityWatch(cluster, before) as watch:
         helm("upgrade", RELEASE, str(CHART), "-n", INSTALL_NAMESPACE, "--reuse-values",

@@ -1,6 +1,7 @@
 """Claims allocated a device that its node no longer has: a Warning Event
 ``AllocatedDeviceMissing`` once per claim and device, and a gauge of how many there are.
 
+A claim is marked told only after its Event was posted, so a failed post is tried again.
 What was told is forgotten when the device is no longer missing for that claim (found again,
 or the claim gone), so a second loss is told again. The gauge is kept per node, so a
 reconcile does not sum over every node.
@@ -35,16 +36,28 @@ class MissingDevices:
         self._counts: dict[str, int] = {}
 
     async def tell(self, node: str, missing: tuple[MissingDevice, ...]) -> None:
-        """An Event, once, for each claim allocated a device the node no longer has."""
+        """An Event, once, for each claim allocated a device the node no longer has.
+
+        A claim counts as told only once its Event was posted: one whose post failed is tried
+        again on the next pass. The others are still tried; then the first failure is raised,
+        so the work queue brings the node back.
+        """
         self.set(node, missing)
+        failure: BaseException | None = None
         for each in missing:
             key = (each.claim.key, each.device)
-            told = self._told.setdefault(node, set())
-            if key not in told:
-                told.add(key)
-                log.error("a claim is allocated a device that no longer exists", node=node, claim=each.claim.key,
-                          device=each.device)
+            if key in self._told.get(node, ()):
+                continue
+            log.error("a claim is allocated a device that no longer exists", node=node, claim=each.claim.key,
+                      device=each.device)
+            try:
                 await self._post_warning(each)
+            except Exception as exc:  # told on the next pass; the rest are still tried now
+                failure = failure or exc
+                continue
+            self._told.setdefault(node, set()).add(key)
+        if failure is not None:
+            raise failure
 
     def set(self, node: str, missing: Iterable[MissingDevice]) -> None:
         """Forget what was told of claims no longer missing; keep the gauge."""

@@ -181,8 +181,8 @@ class NicPublisher:
         self._watches = [
             ListWatch(client, *SLICES, self.slice_seen, label_selector=_OURS),
             ListWatch(client, *NETWORK_POLICIES, self.policy_seen),
-            ListWatch(client, *NODES, self.node_seen),
-            ListWatch(client, *LAYOUTS, self.layout_seen),
+            ListWatch(client, *NODES, self.node_seen, page_size=100),  # pages of 100, as the GPU room's:
+            ListWatch(client, *LAYOUTS, self.layout_seen, page_size=100),  # large objects, a small start peak
         ]
         for watch in self._watches:
             watch.start()

@@ -87,21 +87,23 @@ class LocalCluster:
     _own_workdir: bool = False
     controllers: tuple[str, ...] = CONTROLLERS
     scheduler_args: tuple[str, ...] = ()
+    controller_manager_args: tuple[str, ...] = ()
 
     @classmethod
     def start(cls, binaries: Binaries | None = None, workdir: Path | None = None,
               timeout: float = 120.0, controllers: tuple[str, ...] = CONTROLLERS,
-              scheduler_args: tuple[str, ...] = ()) -> Self:
+              scheduler_args: tuple[str, ...] = (), controller_manager_args: tuple[str, ...] = ()) -> Self:
         """Build (if needed) and start every component; return once the apiserver is ready
         and the scheduler and controller manager answer their health checks. ``controllers``:
         which of kube-controller-manager's controllers run (add ``WORKLOAD_CONTROLLERS`` for
         real nodes that run Deployments and DaemonSets); ``scheduler_args``: extra
-        kube-scheduler flags (benchmarks raise its client rate limits)."""
+        kube-scheduler flags (benchmarks raise its client rate limits); ``controller_manager_args``:
+        the same for kube-controller-manager."""
         binaries = binaries or ensure_binaries()
         own = workdir is None
         workdir = workdir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
         cluster = cls(binaries=binaries, workdir=workdir, _own_workdir=own, controllers=controllers,
-                      scheduler_args=scheduler_args)
+                      scheduler_args=scheduler_args, controller_manager_args=controller_manager_args)
         try:
             cluster._start(timeout)
         except BaseException:
@@ -138,6 +140,21 @@ class LocalCluster:
         if process.popen.poll() is None:
             process.popen.kill()
             process.popen.wait()
+
+    def pause(self, component: str) -> None:
+        """SIGSTOP a component (say ``kube-scheduler``): it does nothing until :meth:`resume`.
+        A benchmark lets work pile up this way, then measures how fast the component clears it."""
+        self._component(component).popen.send_signal(signal.SIGSTOP)
+
+    def resume(self, component: str) -> None:
+        """SIGCONT a component :meth:`pause` stopped."""
+        self._component(component).popen.send_signal(signal.SIGCONT)
+
+    def _component(self, name: str) -> _Process:
+        process = next((p for p in self._processes if p.name == name), None)
+        if process is None or process.popen.poll() is not None:
+            raise LocalClusterError(f"{name} is not running in this cluster")
+        return process
 
     def start_apiserver(self, timeout: float = 60.0) -> None:
         """Start kube-apiserver again, same port and flags, after ``kill_apiserver``."""
@@ -215,6 +232,7 @@ class LocalCluster:
             "--use-service-account-credentials=false",
             "--profiling=false",
             "--v=0",
+            *self.controller_manager_args,
         ])
         scheduler = self._spawn("kube-scheduler", [
             str(self.binaries.kube_scheduler),

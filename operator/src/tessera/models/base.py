@@ -6,7 +6,8 @@ Models are values: frozen, compared by content, serialised the way Kubernetes ex
 
 from __future__ import annotations
 
-from typing import Any, Self
+import sys
+from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
@@ -26,6 +27,9 @@ class KubeModel(BaseModel):
         validate_default=True,
     )
 
+    # String fields whose values repeat across a fleet (a model lists them): interned when parsed.
+    _interned_fields: ClassVar[tuple[str, ...]] = ()
+
     def model_post_init(self, context: Any, /) -> None:
         """Share the set of field names given with every instance given the same ones.
 
@@ -34,6 +38,12 @@ class KubeModel(BaseModel):
         are frozen, so that set is never changed in place (``model_copy`` copies it first)."""
         fields = self.__pydantic_fields_set__
         object.__setattr__(self, "__pydantic_fields_set__", _FIELDS_SETS.setdefault(frozenset(fields), fields))
+        # Strings that repeat across GPUs and nodes (product names, versions, profiles, PCI
+        # addresses): one copy each. A frozen model's value is only swapped for an equal one.
+        values = self.__dict__
+        for name in self._interned_fields:
+            if type(value := values[name]) is str:
+                values[name] = sys.intern(value)
 
     def to_kube(self) -> dict[str, Any]:
         """The object as Kubernetes stores it: camelCase keys, no nulls."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic.config import JsonDict
 
 from tessera.models.base import KubeModel
@@ -32,8 +32,23 @@ class PlacedInstance(KubeModel):
     start: int = Field(ge=0, lt=MEMORY_SLICES)
 
 
+_PLACED: dict[PlacedInstance, PlacedInstance] = {}
+_PLACED_MAX = 4096  # more (profile, start) pairs than any catalog has; past it, instances go unshared
+
+
+def _shared_placements(placed: list[PlacedInstance]) -> list[PlacedInstance]:
+    """One instance per (profile, start), shared by every GPU layout that lists it: a value of a
+    few kinds repeated on every GPU of a fleet (frozen, so nothing can tell), so an operator
+    holding thousands of NodeLayouts keeps a handful instead of one per instance per GPU."""
+    if len(_PLACED) >= _PLACED_MAX:
+        return placed
+    return [_PLACED.setdefault(p, p) for p in placed]
+
+
 class GpuLayout(KubeModel):
     """The desired layout of one GPU, as the planner made it."""
+
+    _interned_fields = ("policy", "menu_layout")
 
     uuid: str = Field(min_length=1, max_length=128)
     policy: str | None = Field(default=None, description="the SharingPolicy this layout comes from")
@@ -45,6 +60,12 @@ class GpuLayout(KubeModel):
     mig_sharing: ShareStrategy | None = None
     time_slicing: TimeSlicingSpec | None = None
     mps: MpsSpec | None = None
+
+
+    @model_validator(mode="after")
+    def _share_placements(self) -> GpuLayout:
+        self.__dict__["mig_instances"] = _shared_placements(self.mig_instances)
+        return self
 
 
 class NodeLayoutSpec(KubeModel):
@@ -63,6 +84,8 @@ class Health(StrEnum):
 class MigInstanceStatus(KubeModel):
     """A MIG instance that exists on the GPU."""
 
+    _interned_fields = ("profile",)
+
     profile: str
     start: int = Field(ge=0, lt=MEMORY_SLICES)
     size: int = Field(ge=1, le=MEMORY_SLICES)
@@ -77,6 +100,9 @@ class MigInstanceStatus(KubeModel):
 
 class GpuStatus(KubeModel):
     """One GPU as the agent sees it: inventory, the layout that exists, health."""
+
+    _interned_fields = ("product_name", "model", "cuda_compute_capability", "architecture", "driver_version",
+                        "cuda_version", "pci_bus_id", "pcie_root", "policy", "health_message", "message")
 
     uuid: str
     index: int = Field(ge=0)
