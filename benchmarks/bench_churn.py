@@ -1,0 +1,209 @@
+"""A shortened long run (issue #21, item 6): policy edits, claims and kills at up to 100 cheap
+nodes for a bounded time, with the operator's and one agent's resident memory sampled after a
+warm-up, to show whether either grows.
+
+    .venv/bin/python benchmarks/bench_churn.py [--nodes 100] [--minutes 10] [--warmup 120] [--seed 1]
+
+Starts its own control plane. The operator and two agents are real processes (``python -m
+tessera``): one agent is sampled, the other is the one the churn kills. Every other node's agent
+runs in this process (``bench_operator.AgentFleet``: 100 agent processes do not fit a 2-core
+machine). The churn, seeded: the SharingPolicy over every node switches between time-slicing
+(2-6 replicas) and a MIG layout; pending ResourceClaims are created and deleted; the
+kube-apiserver is SIGKILLed and started again, and the victim agent killed and restarted, every
+``--kill-every`` seconds. After ``--warmup`` s, VmRSS of the operator and of the sampled agent is
+read every ``--sample-every`` s. Printed: the first and last sample, the growth, a least-squares
+slope, and that slope extrapolated to an hour (an extrapolation, not an hour measured).
+Not for: invariants under faults (``fault_campaign.py``) or rollout speed (``bench_operator.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench_operator's agent fleet lives beside this file
+
+from benchmarks.bench_operator import LABEL, AgentFleet, node_list, proc_status  # noqa: E402
+
+from tessera import RESOURCE_API_VERSION  # noqa: E402 (after the path above)
+from tessera.kube.http import ApiError, KubeClient, resource_path  # noqa: E402
+from tessera.localcluster import LocalCluster  # noqa: E402
+from tessera.localcluster.cluster import wait_for  # noqa: E402
+from tessera.localcluster.processes import TesseraProcess, TesseraProcesses  # noqa: E402
+
+SIMULATE = "1xH100-80GB"
+POLICY = "churn"
+NAMESPACE = "churn"
+MIG = {"strategy": "MIG", "mig": {"profiles": {"3g.40gb": 1, "2g.20gb": 1, "1g.10gb": 2}}}
+MIB = 2**20
+
+
+def policy_spec(rng: random.Random) -> dict[str, Any]:
+    if rng.random() < 0.3:
+        return MIG
+    return {"strategy": "TimeSlicing", "timeSlicing": {"replicas": rng.randint(2, 6)}}
+
+
+def slope_per_hour(samples: list[tuple[float, int]]) -> float:
+    """Least-squares slope of (seconds, bytes), in bytes per hour."""
+    n = len(samples)
+    mean_t = sum(t for t, _ in samples) / n
+    mean_v = sum(v for _, v in samples) / n
+    var = sum((t - mean_t) ** 2 for t, _ in samples)
+    if var == 0:
+        return 0.0
+    return 3600 * sum((t - mean_t) * (v - mean_v) for t, v in samples) / var
+
+
+class Churn:
+    def __init__(self, cluster: LocalCluster, processes: TesseraProcesses, api: KubeClient, seed: int) -> None:
+        self.cluster, self.processes, self.api = cluster, processes, api
+        self.rng = random.Random(seed)
+        self.claims: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.failed = 0  # actions refused (mostly: the apiserver was down)
+
+    def count(self, action: str) -> None:
+        self.counts[action] = self.counts.get(action, 0) + 1
+
+    async def edit_policy(self) -> None:
+        body = {"apiVersion": "tessera.dev/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": POLICY},
+                "spec": {"nodeSelector": {"matchLabels": {LABEL: "fleet"}}, **policy_spec(self.rng)}}
+        await self.api.patch(resource_path("tessera.dev", "v1alpha1", "sharingpolicies", POLICY), body, "apply",
+                             field_manager="bench-churn", force=True)
+        self.count("edit-policy")
+
+    async def claim(self) -> None:
+        path = resource_path("resource.k8s.io", RESOURCE_API_VERSION.split("/")[1], "resourceclaims",
+                             namespace=NAMESPACE)
+        if len(self.claims) >= 20 or (self.claims and self.rng.random() < 0.4):
+            name = self.claims.pop(self.rng.randrange(len(self.claims)))
+            with contextlib.suppress(ApiError):
+                await self.api.delete(f"{path}/{name}")
+            self.count("delete-claim")
+            return
+        name = f"c-{self.rng.getrandbits(32):08x}"
+        await self.api.create(path, {
+            "apiVersion": RESOURCE_API_VERSION, "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
+        })
+        self.claims.append(name)
+        self.count("create-claim")
+
+    async def kill(self, victim: str) -> None:
+        await asyncio.to_thread(self.cluster.kill_apiserver)
+        await asyncio.sleep(self.rng.uniform(0.5, 2.0))
+        await asyncio.to_thread(self.cluster.start_apiserver)
+        self.count("kill-apiserver")
+        old = next(p for p in self.processes.processes if p.name == f"agent-{victim}")
+        old.kill()
+        self.processes.processes.remove(old)
+        self.processes.agent(victim, SIMULATE)
+        self.count("kill-agent")
+
+    async def step(self, victim: str) -> None:
+        try:
+            if self.rng.random() < 0.3:
+                await self.edit_policy()
+            else:
+                await self.claim()
+        except Exception:  # the apiserver may be coming back; the churn goes on
+            self.failed += 1
+
+
+def rss(process: TesseraProcess) -> int:
+    return proc_status(process.popen.pid, "VmRSS")
+
+
+async def run(args: argparse.Namespace) -> int:
+    fleet_nodes = [f"fleet-{i:03d}" for i in range(args.nodes - 2)]
+    sampled, victim = "agent-sampled", "agent-victim"
+    with LocalCluster.start() as cluster, tempfile.TemporaryDirectory(prefix="tessera-churn-") as folder:
+        cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        processes = TesseraProcesses(cluster, Path(folder))
+        api = KubeClient.from_environment(str(cluster.kubeconfig))
+        fleet: AgentFleet | None = None
+        try:
+            operator = processes.operator()
+            cluster.kubectl("apply", "-f", "-", input=node_list(fleet_nodes))
+            for name in (sampled, victim):
+                cluster.add_node(name, labels={LABEL: "fleet"})
+            agent = processes.agent(sampled, SIMULATE)
+            processes.agent(victim, SIMULATE)
+            fleet = AgentFleet(api, fleet_nodes, SIMULATE, concurrency=8)
+            fleet.start()
+            churn = Churn(cluster, processes, api, args.seed)
+            await wait_for(lambda: operator.role() == "leader", timeout=60, message="the operator to lead")
+            await churn.edit_policy()
+            print(f"{args.nodes} nodes ({len(fleet_nodes)} in-process, 2 agent processes); "
+                  f"churn for {args.minutes} min, warm-up {args.warmup} s, seed {args.seed}", flush=True)
+            start = time.monotonic()
+            end = start + args.minutes * 60
+            next_kill = start + args.kill_every
+            next_sample = start + args.warmup
+            samples: dict[str, list[tuple[float, int]]] = {"operator": [], "agent": []}
+            while time.monotonic() < end:
+                now = time.monotonic()
+                if now >= next_kill:
+                    await churn.kill(victim)
+                    next_kill = time.monotonic() + args.kill_every
+                if now >= next_sample:
+                    samples["operator"].append((now - start, rss(operator)))
+                    samples["agent"].append((now - start, rss(agent)))
+                    next_sample += args.sample_every
+                await churn.step(victim)
+                await asyncio.sleep(churn.rng.uniform(0.2, 1.0))
+            if not operator.alive() or not agent.alive():
+                print(f"a sampled process died: operator alive={operator.alive()} agent alive={agent.alive()}")
+                return 1
+            print("actions: " + ", ".join(f"{k} {v}" for k, v in sorted(churn.counts.items()))
+                  + f"; {churn.failed} refused (apiserver down); fleet passes failed {fleet.failed_passes}")
+            for who, points in samples.items():
+                if len(points) < 2:
+                    print(f"{who}: too few samples after the warm-up ({len(points)}); run longer")
+                    continue
+                (t0, first), (t1, last) = points[0], points[-1]
+                per_hour = slope_per_hour(points)
+                print(f"{who} VmRSS: {first / MIB:.1f} MiB at {t0:.0f} s -> {last / MIB:.1f} MiB at {t1:.0f} s "
+                      f"({100 * (last - first) / first:+.1f}% over {(t1 - t0) / 60:.1f} min, {len(points)} samples); "
+                      f"slope {per_hour / MIB:+.1f} MiB/h = {100 * per_hour / first:+.1f}%/h EXTRAPOLATED "
+                      f"from {(t1 - t0) / 60:.1f} min")
+            print(json.dumps({who: [(round(t), v // 1024) for t, v in pts] for who, pts in samples.items()}))
+            return 0
+        finally:
+            if fleet is not None:
+                await fleet.stop()
+            await api.close()
+            processes.stop_all()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=20, help="nodes in all, 3..100 (2 are agent processes)")
+    parser.add_argument("--minutes", type=float, default=4.0, help="how long the churn runs (at most 10)")
+    parser.add_argument("--warmup", type=float, default=60.0, help="seconds of churn before the first sample")
+    parser.add_argument("--sample-every", type=float, default=10.0)
+    parser.add_argument("--kill-every", type=float, default=45.0, help="seconds between apiserver+agent kills")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    if not 3 <= args.nodes <= 100:
+        parser.error("--nodes must be between 3 and 100")
+    if not 0 < args.minutes <= 10:
+        parser.error("--minutes must be more than 0 and at most 10")
+    if args.warmup >= args.minutes * 60:
+        parser.error("--warmup must be shorter than the run (--minutes)")
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

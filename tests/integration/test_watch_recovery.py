@@ -1,0 +1,136 @@
+"""Every watch comes back after an apiserver crash: the kube-apiserver is SIGKILLed and started
+again, and a change made after it is back must reach each watch within a bound, measured stage
+by stage on the real control plane with a real operator and a simulated node agent:
+
+- the operator's Kopf watch of SharingPolicies (a policy edit becomes a new NodeLayout spec);
+- the agent's NodeLayout watch (the agent applies the new spec: ``status.observedGeneration``);
+- the Controller's NodeLayout list-watch (the operator publishes the applied layout's devices);
+- then the operator's Kopf watch of ResourceClaims (a new pending claim shows in the operator's
+  ``tessera_operator_pending_claims``, which follows every claim event), timed from its creation.
+
+Twice: with the operator up through the outage, and with the operator killed and started again
+while the apiserver is away. The second is the path of the 55 s quiet period issue #21 names:
+the operator's start failed on its first list and Kopf retries a failed startup handler only
+after 60 s (fixed in 2c2ede5: the start's lists are retried on Tessera's schedule); with that
+fix reverted this test fails. The bound (``STAGE_BOUND_S``, 30 s) is the lease duration (a
+restarted operator waits for its predecessor's lease to expire: 15 s) with room for a loaded
+2-core machine, and below Kopf's 60 s startup retry and its 70 s inactivity timeout for a
+silent watch. The agent's watch is also backed by its 30 s resync, so for the agent this
+bounds the pair, not the watch alone.
+Not for: long churn (``benchmarks/bench_churn.py``) or the fault campaign's invariants.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from tessera import RESOURCE_API_VERSION
+from tessera.localcluster import LocalCluster
+from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.processes import TesseraProcesses
+from tests.integration.kube_helpers import (
+    apply,
+    get,
+    get_or_none,
+    gpu_node,
+    mig_profiles,
+    node_devices,
+    policy,
+    wait_policy,
+)
+
+pytestmark = pytest.mark.integration
+
+STAGE_BOUND_S = 30.0  # from the apiserver's /readyz back to each watch's delivery
+NODE = "watch-recovery"
+LABEL = "watch-recovery"
+
+
+def _pending_claims(tessera: TesseraProcesses) -> float | None:
+    return tessera.operators()[0].metrics().get("tessera_operator_pending_claims")
+
+
+def _layout(cluster: LocalCluster) -> dict[str, Any]:
+    return get(cluster, "nodelayout", NODE)
+
+
+def _claims(cluster: LocalCluster) -> int:
+    """The claims that ask for a device and have none yet (this test's; the agents' fence claims
+    ask for nothing)."""
+    return sum(1 for c in cluster.get_json("resourceclaims", "--all-namespaces")["items"]
+               if (c["spec"].get("devices") or {}).get("requests") and not (c.get("status") or {}).get("allocation"))
+
+
+# The two layouts the policy switches between, and what each publishes.
+LAYOUTS = ({"3g.40gb": 1, "2g.20gb": 1}, {"3g.40gb": 2, "2g.20gb": None})
+PUBLISHED = (["2g.20gb", "3g.40gb"], ["3g.40gb", "3g.40gb"])
+
+
+@pytest.mark.parametrize("operator_restarts_during_the_outage", [False, True],
+                         ids=["operator-up", "operator-restarted"])
+async def test_every_watch_delivers_a_change_made_after_the_apiserver_restarts(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str, operator_restarts_during_the_outage: bool
+) -> None:
+    """With the operator up through the outage, or killed and started again while the apiserver
+    is away (its start then meets a dead apiserver: the path of the earlier 55 s quiet period,
+    when a failed Kopf startup handler was retried only after 60 s)."""
+    if get_or_none(cluster, "node", NODE) is None:
+        gpu_node(cluster, tessera, NODE, LABEL, "1xH100-80GB")
+        apply(cluster, policy(LABEL, LABEL, {"strategy": "MIG", "mig": {"profiles": LAYOUTS[0]}}))
+    now = 0 if mig_profiles(node_devices(cluster, NODE)) != PUBLISHED[1] else 1
+    await wait_for(lambda: mig_profiles(node_devices(cluster, NODE)) == PUBLISHED[now], timeout=120,
+                   message="the first MIG layout published")
+    await wait_policy(cluster, LABEL, "Ready", "True", gpus=1)
+    await wait_for(lambda: _pending_claims(tessera) == _claims(cluster), timeout=30, message="the operator's metrics")
+    generation_before = int(_layout(cluster)["metadata"]["generation"])
+
+    # Let every watch settle into a long-running stream before the crash.
+    await asyncio.sleep(3)
+    await asyncio.to_thread(cluster.kill_apiserver)
+    if operator_restarts_during_the_outage:
+        old = tessera.operators()[0]
+        old.kill()
+        tessera.processes.remove(old)
+        tessera.operator()
+        await asyncio.sleep(5)  # the new operator starts (and meets no apiserver)
+    else:
+        await asyncio.sleep(2)
+    await asyncio.to_thread(cluster.start_apiserver)
+    back = time.monotonic()
+
+    took: dict[str, float] = {}
+
+    async def stage(name: str, done: Any, since: float) -> None:
+        await wait_for(done, timeout=STAGE_BOUND_S * 3, interval=0.2, message=name)
+        took[name] = time.monotonic() - since
+
+    # A policy edit travels through three watches; the claim goes afterwards, so that a pending
+    # claim does not hold the layout change back (the drain waits for claims).
+    cluster.kubectl("patch", "sharingpolicy", LABEL, "--type=merge",
+                    "-p", json.dumps({"spec": {"mig": {"profiles": LAYOUTS[1 - now]}}}))
+    await asyncio.gather(
+        stage("kopf SharingPolicies -> NodeLayout spec",
+              lambda: int(_layout(cluster)["metadata"]["generation"]) > generation_before, back),
+        stage("agent NodeLayout watch -> spec applied",
+              lambda: (lambda body: int(body["metadata"]["generation"]) > generation_before
+                       and body.get("status", {}).get("observedGeneration") == body["metadata"]["generation"])(
+                  _layout(cluster)), back),
+        stage("controller NodeLayout list-watch -> new layout published",
+              lambda: mig_profiles(node_devices(cluster, NODE)) == PUBLISHED[1 - now], back),
+    )
+    claimed = time.monotonic()
+    apply(cluster, {
+        "apiVersion": RESOURCE_API_VERSION, "kind": "ResourceClaim",
+        "metadata": {"name": "after-restart", "namespace": namespace},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}},
+    })
+    await stage("kopf ResourceClaims -> pending claim counted",
+                lambda: _pending_claims(tessera) == _claims(cluster), claimed)
+    print("watch recovery after the apiserver restart (s):", {k: round(v, 1) for k, v in took.items()})
+    slow = {name: round(seconds, 1) for name, seconds in took.items() if seconds > STAGE_BOUND_S}
+    assert not slow, f"watches slow to recover after the apiserver restart (s): {slow}; all: {took}"
