@@ -37,6 +37,13 @@ from tessera.agent.nics.report import attach_failures, clear_attach_failure, sha
 from tessera.agent.nics.shaping import Share
 from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, ClaimStatusWriter
 from tessera.agent.plugin.proto import dra_v1_pb2, pluginregistration_v1_pb2
+from tessera.agent.plugin.server import (
+    DRA_V1_SERVICE,
+    REGISTRATION_SERVICE,
+    remove_socket,
+    serve_on_socket,
+    unary_handler,
+)
 from tessera.dra.nics import ADDRESSES_ATTRIBUTE, BANDWIDTH_CAPACITY, CEILING_ATTRIBUTE, NIC_DRIVER, nic_device_name
 from tessera.kube.http import KubeClient, resource_path
 from tessera.models.allocation import allocation_results
@@ -47,8 +54,6 @@ log = structlog.get_logger("tessera.agent.nics")
 
 CDI_KIND = f"{NIC_DRIVER}/share"
 CDI_VERSION = "0.6.0"
-DRA_V1_SERVICE = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
-REGISTRATION_SERVICE = "pluginregistration.Registration"
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,8 +304,8 @@ class NicKubeletPlugin:
         if self._status is not None:
             self._watcher = asyncio.create_task(self._report_attach_failures(), name="nic-attach-failures")
         self._servers = [
-            await _serve(self.config.dra_socket, [self._dra_handler()]),
-            await _serve(self.config.registration_socket, [self._registration_handler()]),
+            await serve_on_socket(self.config.dra_socket, [self._dra_handler()]),
+            await serve_on_socket(self.config.registration_socket, [self._registration_handler()]),
         ]
         log.info("NIC kubelet plugin serving", dra_socket=str(self.config.dra_socket))
 
@@ -314,7 +319,7 @@ class NicKubeletPlugin:
             reversed(self._servers), (self.config.registration_socket, self.config.dra_socket), strict=False
         ):
             await server.stop(2)
-            _make_way(socket)
+            remove_socket(socket)
         self._servers = []
 
     def _dra_handler(self) -> Any:
@@ -347,10 +352,10 @@ class NicKubeletPlugin:
         return grpc.method_handlers_generic_handler(
             DRA_V1_SERVICE,
             {
-                "NodePrepareResources": _unary(
+                "NodePrepareResources": unary_handler(
                     prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse
                 ),
-                "NodeUnprepareResources": _unary(
+                "NodeUnprepareResources": unary_handler(
                     unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse
                 ),
             },
@@ -375,32 +380,10 @@ class NicKubeletPlugin:
         return grpc.method_handlers_generic_handler(
             REGISTRATION_SERVICE,
             {
-                "GetInfo": _unary(get_info, pb.InfoRequest, pb.PluginInfo),
-                "NotifyRegistrationStatus": _unary(notify, pb.RegistrationStatus, pb.RegistrationStatusResponse),
+                "GetInfo": unary_handler(get_info, pb.InfoRequest, pb.PluginInfo),
+                "NotifyRegistrationStatus": unary_handler(notify, pb.RegistrationStatus, pb.RegistrationStatusResponse),
             },
         )
-
-
-def _unary(handler: Callable[[Any, Any], Any], request_type: Any, response_type: Any) -> Any:
-    return grpc.unary_unary_rpc_method_handler(
-        handler, request_deserializer=request_type.FromString, response_serializer=response_type.SerializeToString
-    )
-
-
-def _make_way(socket: Path) -> None:
-    socket.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        socket.unlink()
-
-
-async def _serve(socket: Path, handlers: list[Any]) -> Any:
-    _make_way(socket)
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(handlers)
-    if not server.add_insecure_port(f"unix://{socket}"):
-        raise OSError(f"cannot listen on {socket}")
-    await server.start()
-    return server
 
 
 def _write_json(path: Path, body: Mapping[str, Any]) -> None:

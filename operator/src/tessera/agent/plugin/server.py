@@ -213,7 +213,7 @@ class KubeletPlugin:
     async def start(self) -> None:
         """Restore state from the checkpoint, serve the DRA socket, then the registration socket."""
         await self.preparer.restore()
-        self._dra_server = await _serve(
+        self._dra_server = await serve_on_socket(
             self.config.dra_socket,
             [
                 _dra_handler(DRA_V1_SERVICE, dra_v1_pb2, self, with_share_id=True),
@@ -221,7 +221,9 @@ class KubeletPlugin:
                 _health_handler(self),
             ],
         )
-        self._registration_server = await _serve(self.config.registration_socket, [_registration_handler(self)])
+        self._registration_server = await serve_on_socket(
+            self.config.registration_socket, [_registration_handler(self)]
+        )
         self._log.info(
             "kubelet plugin serving",
             registration_socket=str(self.config.registration_socket),
@@ -237,7 +239,7 @@ class KubeletPlugin:
         ):
             if server is not None:
                 await server.stop(self.config.stop_grace_s)
-            _remove_socket(socket)
+            remove_socket(socket)
         self._registration_server = self._dra_server = None
         await self.preparer.close(self.config.stop_grace_s)
         self._log.info("kubelet plugin stopped")
@@ -310,8 +312,10 @@ def _dra_handler(service: str, pb: Any, plugin: KubeletPlugin, with_share_id: bo
     return grpc.method_handlers_generic_handler(
         service,
         {
-            "NodePrepareResources": _unary(prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse),
-            "NodeUnprepareResources": _unary(
+            "NodePrepareResources": unary_handler(
+                prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse
+            ),
+            "NodeUnprepareResources": unary_handler(
                 unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse
             ),
         },
@@ -343,30 +347,30 @@ def _registration_handler(plugin: KubeletPlugin) -> Any:
     return grpc.method_handlers_generic_handler(
         REGISTRATION_SERVICE,
         {
-            "GetInfo": _unary(plugin.get_info, pb.InfoRequest, pb.PluginInfo),
-            "NotifyRegistrationStatus": _unary(
+            "GetInfo": unary_handler(plugin.get_info, pb.InfoRequest, pb.PluginInfo),
+            "NotifyRegistrationStatus": unary_handler(
                 plugin.notify_registration_status, pb.RegistrationStatus, pb.RegistrationStatusResponse
             ),
         },
     )
 
 
-def _unary(handler: Callable[[Any, Any], Awaitable[Any]], request_type: Any, response_type: Any) -> Any:
+def unary_handler(handler: Callable[[Any, Any], Awaitable[Any]], request_type: Any, response_type: Any) -> Any:
     return grpc.unary_unary_rpc_method_handler(
         handler, request_deserializer=request_type.FromString, response_serializer=response_type.SerializeToString
     )
 
 
-def _remove_socket(socket: Path) -> None:
+def remove_socket(socket: Path) -> None:
     """Make way for a socket: its folder exists, no stale socket file is left in it."""
     socket.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         socket.unlink()
 
 
-async def _serve(socket: Path, handlers: list[Any]) -> Any:
+async def serve_on_socket(socket: Path, handlers: list[Any]) -> Any:
     """A grpc.aio server on a unix socket (a stale socket file from a crash is replaced)."""
-    _remove_socket(socket)
+    remove_socket(socket)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(handlers)
     if not server.add_insecure_port(f"unix://{socket}"):
