@@ -1,6 +1,8 @@
 """The GPU catalog: the MIG-capable GPUs Tessera knows, with their MIG profiles and placements.
 
-The numbers come from NVIDIA's MIG user guide and NVML output (see ``shared/FACTS.md``).
+The numbers come from NVIDIA's MIG user guide and NVML output (see ``shared/FACTS.md``); where
+a real GPU was read (``scripts/nvml-record``, recordings in ``tests/fixtures/nvml/``), the
+recording wins and ``tests/test_models_catalog_recorded.py`` holds the catalog to it.
 The catalog serves the simulated backend, the planner and offline validation; on real
 hardware the NVML backend reads profiles and placements from the driver instead. Values the
 public sources do not give (B200 3g/4g/7g) are estimates and marked ``estimated``.
@@ -179,7 +181,7 @@ MODELS: tuple[GpuModel, ...] = (
         "H200-141GB", "NVIDIA H200", 143771, 132, "9.0", "Hopper", 0x233510DE,
         _profiles(
             ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"),
-            (16384, 33024, 33024, 71168, 71168, 143104),
+            (16384, 33280, 33280, 71424, 71424, 143360),  # read from NVML on an H200, 580.159.04
             _HOPPER_SMS,
         ),
         aliases=("NVIDIA H200 NVL",),
