@@ -98,3 +98,11 @@ def test_the_planner_plans_every_preset_on_what_the_driver_reports(inventory: In
             spec = SharingPolicySpec.model_validate({"strategy": "MIG", "mig": {"preset": preset}})
             layout = plan_gpu_layout(spec, gpu)
             assert sorted(i.profile.split(".")[0] for i in layout.mig_instances) == kinds, preset
+
+
+def test_a_healthy_gpu_raises_no_health_event(inventory: Inventory) -> None:
+    backend = NvmlBackend()
+    try:
+        assert backend.wait_health_events(0.5) == []
+    finally:
+        backend.close()
