@@ -23,6 +23,7 @@ import yaml
 
 from tessera.dra.deviceclasses import WHOLE_GPU_CLASS, device_classes
 from tessera.models.crd import crds
+from tessera.models.generated import differing, report_stale, write_files
 
 DEVICE_CLASSES_TEMPLATE = "templates/deviceclasses.yaml"
 _REGENERATE = "`python -m tessera.chart --write charts/tessera`"
@@ -73,8 +74,7 @@ def stale_files(chart: Path) -> list[str]:
     """The generated files under ``chart`` that are missing or differ from what the code makes,
     and files in its ``crds/`` that the code no longer makes."""
     files = generated_files()
-    stale = [name for name, text in files.items()
-             if not (chart / name).is_file() or (chart / name).read_text() != text]
+    stale = differing(chart, files)
     stale += [f"crds/{p.name}" for p in sorted((chart / "crds").glob("*.yaml")) if f"crds/{p.name}" not in files]
     return stale
 
@@ -86,16 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     action.add_argument("--check", metavar="CHART", type=Path, help="exit 1 when CHART's generated files differ")
     args = parser.parse_args(argv)
     if args.check is not None:
-        stale = stale_files(args.check)
-        for name in stale:
-            print(f"{args.check / name} is out of date: run python -m tessera.chart --write {args.check}")
-        return 1 if stale else 0
-    for name, text in generated_files().items():
-        path = args.write / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path}")
-    return 0
+        return report_stale(args.check, stale_files(args.check), f"python -m tessera.chart --write {args.check}")
+    return write_files(args.write, generated_files())
 
 
 if __name__ == "__main__":

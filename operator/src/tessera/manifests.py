@@ -29,6 +29,7 @@ import yaml
 
 from tessera.dra.deviceclasses import render_yaml as render_device_classes
 from tessera.models.crd import crds
+from tessera.models.generated import differing, report_stale, write_files
 
 # The parts of install.yaml, in the order ``kubectl apply -f`` must see them: the namespace
 # and CRDs before anything that lives in or refers to them. kustomization.yaml lists the same.
@@ -112,13 +113,7 @@ def _read_inputs(manifests: Path, examples: Path) -> tuple[dict[str, str], dict[
 
 def stale_files(manifests: Path, examples: Path) -> list[str]:
     """The generated files under ``manifests`` that are missing or differ from what the code makes."""
-    files = generated_files(*_read_inputs(manifests, examples))
-    stale = []
-    for name, text in files.items():
-        path = manifests / name
-        if not path.is_file() or path.read_text() != text:
-            stale.append(name)
-    return stale
+    return differing(manifests, generated_files(*_read_inputs(manifests, examples)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -131,16 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder: Path = args.check if args.check is not None else args.write
     examples: Path = args.examples or folder.resolve().parent / "examples" / "policies"
     if args.check is not None:
-        stale = stale_files(folder, examples)
-        for name in stale:
-            print(f"{folder / name} is out of date: run python -m tessera.manifests --write {folder}")
-        return 1 if stale else 0
-    for name, text in generated_files(*_read_inputs(folder, examples)).items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path}")
-    return 0
+        return report_stale(folder, stale_files(folder, examples), f"python -m tessera.manifests --write {folder}")
+    return write_files(folder, generated_files(*_read_inputs(folder, examples)))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel
 
 from tessera import API_GROUP, API_VERSION
+from tessera.models.generated import differing, report_stale, write_files
 from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 from tessera.models.network import NetworkSharingPolicySpec, NetworkSharingPolicyStatus
 from tessera.models.policy import SharingPolicySpec, SharingPolicyStatus
@@ -261,13 +262,14 @@ def render(crd: dict[str, Any]) -> str:
     return _HEADER + yaml.safe_dump(crd, sort_keys=False, width=120, allow_unicode=True)
 
 
+def rendered() -> dict[str, str]:
+    """Every CRD file's text, by file name."""
+    return {name: render(crd) for name, crd in crds().items()}
+
+
 def stale_files(folder: Path) -> list[str]:
     """The CRD files in ``folder`` that are missing or differ from the models."""
-    return [
-        name
-        for name, crd in crds().items()
-        if not (folder / name).is_file() or (folder / name).read_text() != render(crd)
-    ]
+    return differing(folder, rendered())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -277,15 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     action.add_argument("--check", metavar="DIR", type=Path, help="exit 1 when DIR's files differ from the models")
     args = parser.parse_args(argv)
     if args.check is not None:
-        stale = stale_files(args.check)
-        for name in stale:
-            print(f"{args.check / name} is out of date: run python -m tessera.models.crd --write {args.check}")
-        return 1 if stale else 0
-    args.write.mkdir(parents=True, exist_ok=True)
-    for name, crd in crds().items():
-        (args.write / name).write_text(render(crd))
-        print(f"wrote {args.write / name}")
-    return 0
+        return report_stale(args.check, stale_files(args.check), f"python -m tessera.models.crd --write {args.check}")
+    return write_files(args.write, rendered())
 
 
 if __name__ == "__main__":
