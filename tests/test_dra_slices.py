@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import random
 from typing import Any
 
 import pytest
@@ -177,6 +179,28 @@ def test_untainted_devices_stay_at_64_a_slice_so_a_taint_never_reshapes_the_pool
     tainted = build_slices_from_devices(NODE, [_plain_gpu(0, 100, taint=True)])
     assert [len(s["spec"]["devices"]) for s in untainted] == [len(s["spec"]["devices"]) for s in tainted] == [64, 36]
     assert validate_pool(tainted) == []
+
+
+def test_random_nodes_list_every_device_in_order_and_start_a_slice_only_for_a_gpu_that_does_not_fit() -> None:
+    rng = random.Random(22)
+    for _ in range(300):
+        counts = [rng.choice([0, 1, 3, 7, 8, 25, 40, 63, 64, 65, 130]) for _ in range(rng.randint(1, 16))]
+        gpus = [_plain_gpu(i, n) for i, n in enumerate(counts)]
+        rng.shuffle(gpus)
+        slices = build_slices_from_devices(NODE, gpus)
+        assert validate_pool(slices) == []
+        chunks = [[d["name"] for d in s["spec"].get("devices", [])] for s in slices]
+        assert [n for c in chunks for n in c] == [f"gpu-{g}-d-{i:03d}" for g, n in enumerate(counts) for i in range(n)]
+        assert all(len(c) <= 64 for c in chunks)
+        gpu_of = {n: int(n.split("-")[1]) for c in chunks for n in c}
+        for before, chunk in itertools.pairwise(chunks):
+            first = gpu_of[chunk[0]]
+            if before and gpu_of[before[-1]] != first:  # a GPU starts this slice: it did not fit the last one
+                assert len(before) + counts[first] > 64
+        for g, n in enumerate(counts):
+            holding = [i for i, c in enumerate(chunks) if any(gpu_of[x] == g for x in c)]
+            if 0 < n <= 64:
+                assert len(holding) == 1, f"GPU {g} of {n} devices split over slices {holding}"
 
 
 def test_more_slices_than_two_digits_can_number_are_refused_with_a_clear_error() -> None:
