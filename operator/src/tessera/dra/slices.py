@@ -9,10 +9,14 @@ published even when no GPU has a device (MIG GPUs between layouts), so the pool 
 DynamicMIG counter sets go in slices of their own (from 1.35 a slice holds devices or
 counters, not both), 8 sets each: ``<node>-tessera-counters``, ``-01``, ….
 
-Why shared slices: the scheduler's cost per node grows with the number of slices it walks
-(issue 22: eight one-GPU slices made it bind Pods at 0.80 times the rate of one slice of plain
-devices, at 1,000 nodes). Why 64 and not 128: 64 is the limit as soon as one device has a taint
-or consumes counters; using it always means a drain taint never reshapes (renames) the pool.
+Why shared slices: to find a node's pools the scheduler's allocator walks every slice of the
+cluster, for every node it tries, so a node's slice count is multiplied by the fleet's size
+(issue 22: with eight one-GPU slices a node, the allocator alone took 164-176 us per node at
+1,000 nodes against 58-110 with one shared slice; ``benchmarks/bench_allocator.py``). Counter
+slices cost more still: the allocator adds every counter slice of the cluster to every node's
+pools, so they are packed 8 sets to a slice. Why 64 devices and not 128: 64 is the limit as
+soon as one device has a taint or consumes counters; using it always means a drain taint never
+reshapes (renames) the pool.
 Names longer than 253 characters keep a hash of the node name instead of all of it.
 
 Slices are owned by their Node (garbage-collected with it) and labelled
