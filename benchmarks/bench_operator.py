@@ -19,7 +19,7 @@ For each N: start etcd, kube-apiserver, controller manager and scheduler on loop
 an in-process *agent fleet*; start the operator as a real ``python -m tessera operator``
 process; wait until it has published every node's Exclusive slices and gone quiet; apply one
 SharingPolicy selecting every node (static MIG, preset ``all-balanced``); time until every
-node's 8 ResourceSlices hold the 4 MIG devices each and the policy is Ready with
+node's pool (one shared slice) holds the 4 MIG devices of each of its 8 GPUs and the policy is Ready with
 ``gpusApplied == 8N``; count the API writes the operator made for it (its own
 ``tessera_operator_api_writes_total`` counters, by kind). Then a no-op resync: stop the
 operator, start a new one, wait until it has reconciled N nodes and made a SharingPolicy
@@ -328,6 +328,17 @@ class AgentFleet:
 # -- what the operator published --------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class SliceSummary:
+    """One of our slices as the benchmark keeps it: its pool, the pool's generation and slice
+    count as it states them, and its devices as (GPU index, kind: MIG profile or ``gpu``)."""
+
+    pool: str
+    generation: int
+    count: int
+    devices: tuple[tuple[int, str], ...]
+
+
 class Published:
     """What the operator published, kept by watches: every ResourceSlice of ours summarised as
     (pool, sorted device kinds), and when the SharingPolicy last turned Ready with every GPU
@@ -336,7 +347,7 @@ class Published:
     def __init__(self, api: KubeClient, policy: str, gpus: int) -> None:
         self.api = api
         self.policy, self.gpus = policy, gpus
-        self.slices: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.slices: dict[str, SliceSummary] = {}
         self.last_slice_event = 0.0
         self.policy_ready_at: float | None = None
         self.policy_history: list[tuple[float, str]] = []  # (when, "Ready=... reason gpusApplied/gpus")
@@ -363,10 +374,13 @@ class Published:
             self.slices.pop(name, None)
             return
         spec = body.get("spec", {})
-        kinds = sorted(
-            str(d.get("attributes", {}).get("migProfile", {}).get("string", "gpu")) for d in spec.get("devices") or []
+        pool = spec.get("pool", {})
+        devices = tuple(
+            (int(str(d["name"]).split("-")[1]), str(d.get("attributes", {}).get("migProfile", {}).get("string", "gpu")))
+            for d in spec.get("devices") or []
         )
-        self.slices[name] = (str(spec.get("pool", {}).get("name", "")), tuple(kinds))
+        self.slices[name] = SliceSummary(str(pool.get("name", "")), int(pool.get("generation", 0)),
+                                         int(pool.get("resourceSliceCount", 0)), devices)
 
     def _on_policy(self, kind: str, body: dict[str, Any]) -> None:
         if body.get("metadata", {}).get("name") != self.policy:
@@ -385,15 +399,23 @@ class Published:
             self.policy_ready_at = None
 
     def complete(self, nodes: list[str], expected: tuple[str, ...]) -> int:
-        """Nodes whose pool is exactly 8 slices ``<node>-tessera-gpu-<i>``, each with ``expected``."""
-        pools: dict[str, dict[str, tuple[str, ...]]] = {}
-        for name, (pool, kinds) in self.slices.items():
-            pools.setdefault(pool, {})[name] = kinds
+        """Nodes whose pool is whole (every slice of one generation, as many as each counts)
+        and publishes, on each of its 8 GPUs, devices of exactly the kinds ``expected``."""
+        pools: dict[str, list[SliceSummary]] = {}
+        for summary in self.slices.values():
+            pools.setdefault(summary.pool, []).append(summary)
         done = 0
         for node in nodes:
-            have = pools.get(node, {})
-            want = {f"{node}-tessera-gpu-{i}" for i in range(GPUS_PER_NODE)}
-            if set(have) == want and all(kinds == expected for kinds in have.values()):
+            have = pools.get(node, [])
+            if not have or {(s.generation, s.count) for s in have} != {(have[0].generation, len(have))}:
+                continue
+            per_gpu: dict[int, list[str]] = {}
+            for s in have:
+                for gpu, kind in s.devices:
+                    per_gpu.setdefault(gpu, []).append(kind)
+            if sorted(per_gpu) == list(range(GPUS_PER_NODE)) and all(
+                tuple(sorted(kinds)) == expected for kinds in per_gpu.values()
+            ):
                 done += 1
         return done
 

@@ -112,7 +112,7 @@ def test_a_slice_deletion_found_by_a_relist_still_names_its_node() -> None:
     controller.node_seen("ADDED", node_body())
     body = slice_body(NODE)
     controller.slice_seen("ADDED", body)
-    assert list(controller.publisher.slices[NODE]) == [f"{NODE}-tessera-gpu-0"]
+    assert list(controller.publisher.slices[NODE]) == [f"{NODE}-tessera-gpus"]
 
     controller.slice_seen("DELETED", slice_stub(body))  # all a relist keeps of a slice that went
 
@@ -139,7 +139,7 @@ def test_the_echo_of_a_slice_the_controller_wrote_enqueues_nothing() -> None:
 def slice_body(pool: str) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-        "metadata": {"name": f"{pool}-tessera-gpu-0", "uid": "u1", "resourceVersion": "5"},
+        "metadata": {"name": f"{pool}-tessera-gpus", "uid": "u1", "resourceVersion": "5"},
         "spec": {"driver": "gpu.tessera.dev", "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
                  "devices": [{"name": "gpu-0"}]},
     }

@@ -16,9 +16,12 @@ from tessera.controller.publisher import SlicePublisher, slice_stub
 from tessera.dra.devices import DRAIN_TAINT_KEY, GpuDevices, build_gpu_devices, with_drain_taints
 from tessera.kube.http import ApiError
 from tessera.kube.objects import Api
-from tests.dra_gpus import NODE_UID, gpu, mig_gpu
+from tests.dra_gpus import NODE_UID, dynamic_gpu, mig_gpu
 
 NODE = "gpu-node-1"
+COUNTERS = f"{NODE}-tessera-counters"
+GPUS = f"{NODE}-tessera-gpus"
+GPUS_01 = f"{NODE}-tessera-gpus-01"
 _versions = itertools.count(100)
 
 
@@ -97,92 +100,99 @@ async def fill_as_the_watch_does(pub: SlicePublisher, api: FakeSliceApi) -> None
         pub.seen("ADDED", item)
 
 
-def two_gpus() -> list[GpuDevices]:
-    return [build_gpu_devices(gpu(0)), build_gpu_devices(mig_gpu(1))]
+def three_gpus() -> list[GpuDevices]:
+    """Three DynamicMIG GPUs of 25 devices: GPUs 0 and 1 fill the slice ``GPUS``, GPU 2 starts
+    ``GPUS_01`` (50 + 25 > 64), and their counter sets share ``COUNTERS``: a pool of three slices."""
+    return [build_gpu_devices(dynamic_gpu(i)) for i in range(3)]
 
 
-async def test_first_publish_creates_each_gpus_slice_and_publishing_again_writes_nothing() -> None:
+def drained(gpus: list[GpuDevices], *indexes: int) -> list[GpuDevices]:
+    """``gpus`` with the drain taint on every device of the GPUs ``indexes``."""
+    return [with_drain_taints(g, {g.gpu_uuid}) if g.gpu_index in indexes else g for g in gpus]
+
+
+async def test_first_publish_creates_every_slice_of_the_pool_and_publishing_again_writes_nothing() -> None:
     api = FakeSliceApi()
     pub, writes = publisher(api)
 
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    assert writes.made == ["resourceslice/create", "resourceslice/create"]
-    assert sorted(api.stored) == [f"{NODE}-tessera-gpu-0", f"{NODE}-tessera-gpu-1"]
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    assert writes.made == ["resourceslice/create"] * 3
+    assert sorted(api.stored) == [COUNTERS, GPUS, GPUS_01]
     assert [s["metadata"]["resourceVersion"] for s in pub.bodies(NODE)] == [
         api.stored[n]["metadata"]["resourceVersion"] for n in sorted(api.stored)
     ], "the cache holds the slices as the API returned them"
 
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    assert len(writes.made) == 2
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    assert len(writes.made) == 3
 
 
-async def test_drain_taints_laid_on_built_devices_rewrite_only_that_gpus_slice() -> None:
+async def test_drain_taints_laid_on_built_devices_rewrite_only_the_slice_that_holds_the_gpu() -> None:
     api = FakeSliceApi()
     pub, writes = publisher(api)
-    built = two_gpus()
+    built = three_gpus()
     await pub.publish(NODE, NODE_UID, built)
 
-    await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in built])
+    await pub.publish(NODE, NODE_UID, drained(built, 2))
 
-    assert writes.made[2:] == ["resourceslice/update"]
-    (device,) = api.stored[f"{NODE}-tessera-gpu-0"]["spec"]["devices"]
-    assert device["taints"] == [{"key": DRAIN_TAINT_KEY, "effect": "NoSchedule"}]
-    assert all("taints" not in d for d in api.stored[f"{NODE}-tessera-gpu-1"]["spec"]["devices"])
-    assert "taints" not in built[0].devices[0], "the built devices are left as they were"
+    assert writes.made[3:] == ["resourceslice/update"]
+    assert all(d["taints"] == [{"key": DRAIN_TAINT_KEY, "effect": "NoSchedule"}]
+               for d in api.stored[GPUS_01]["spec"]["devices"])
+    assert all("taints" not in d for d in api.stored[GPUS]["spec"]["devices"])
+    assert "taints" not in built[2].devices[0], "the built devices are left as they were"
 
 
 async def test_publishing_no_devices_deletes_every_slice_of_the_node() -> None:
     api = FakeSliceApi()
     pub, writes = publisher(api)
-    await pub.publish(NODE, NODE_UID, two_gpus())
+    await pub.publish(NODE, NODE_UID, three_gpus())
 
     await pub.publish(NODE, NODE_UID, ())
 
     assert api.stored == {}
-    assert writes.made[2:] == ["resourceslice/delete", "resourceslice/delete"]
+    assert writes.made[3:] == ["resourceslice/delete"] * 3
     assert pub.slices[NODE] == {}
 
 
 async def test_a_conflicting_create_reads_the_pool_again_and_raises_so_the_next_publish_plans_from_the_truth() -> None:
     api = FakeSliceApi()
     pub, _ = publisher(api)
-    theirs = api.put(f"{NODE}-tessera-gpu-0", NODE)  # written while the cache did not know it
+    theirs = api.put(GPUS, NODE)  # written while the cache did not know it
 
     with pytest.raises(ApiError):
-        await pub.publish(NODE, NODE_UID, two_gpus())
-    assert f"{NODE}-tessera-gpu-0" in pub.slices[NODE]
+        await pub.publish(NODE, NODE_UID, three_gpus())
+    assert GPUS in pub.slices[NODE]
 
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    assert api.stored[f"{NODE}-tessera-gpu-0"]["metadata"]["uid"] == theirs["metadata"]["uid"], "replaced, not re-made"
-    assert api.stored[f"{NODE}-tessera-gpu-0"]["spec"]["devices"][0]["name"] == "gpu-0"
-    assert f"{NODE}-tessera-gpu-1" in api.stored
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    assert api.stored[GPUS]["metadata"]["uid"] == theirs["metadata"]["uid"], "replaced, not re-made"
+    assert api.stored[GPUS]["spec"]["devices"][0]["name"].startswith("gpu-0-dyn-")
+    assert GPUS_01 in api.stored
 
 
 async def test_a_stale_update_reads_the_pool_again_and_raises() -> None:
     api = FakeSliceApi()
     pub, _ = publisher(api)
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    api.stored[f"{NODE}-tessera-gpu-0"]["metadata"]["resourceVersion"] = "999"  # someone else wrote
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    api.stored[GPUS]["metadata"]["resourceVersion"] = "999"  # someone else wrote
 
     with pytest.raises(ApiError):
-        await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+        await pub.publish(NODE, NODE_UID, drained(three_gpus(), 0))
 
-    assert pub.slices[NODE][f"{NODE}-tessera-gpu-0"].resource_version == "999"
+    assert pub.slices[NODE][GPUS].resource_version == "999"
 
 
 async def test_a_first_list_then_removing_orphans_deletes_only_slices_whose_node_is_gone() -> None:
     api = FakeSliceApi()
-    api.put(f"{NODE}-tessera-gpu-0", NODE)
-    api.put("gone-node-tessera-gpu-0", "gone-node")
+    api.put(GPUS, NODE)
+    api.put("gone-node-tessera-gpus", "gone-node")
     api.put("gone-node-other-driver", "gone-node", driver="other.example.com")  # labelled ours, but not
     pub, writes = publisher(api)
 
     await fill_as_the_watch_does(pub, api)
     assert set(pub.slices) == {NODE, "gone-node"}
-    assert list(pub.slices["gone-node"]) == ["gone-node-tessera-gpu-0"], "another driver's slice is not ours"
+    assert list(pub.slices["gone-node"]) == ["gone-node-tessera-gpus"], "another driver's slice is not ours"
     await pub.remove_orphans({NODE})
 
-    assert api.deleted == ["gone-node-tessera-gpu-0"]
+    assert api.deleted == ["gone-node-tessera-gpus"]
     assert writes.made == ["resourceslice/delete"]
     assert set(pub.slices) == {NODE}
 
@@ -190,70 +200,71 @@ async def test_a_first_list_then_removing_orphans_deletes_only_slices_whose_node
 async def test_after_a_restart_the_same_devices_are_compared_once_and_then_known_to_match() -> None:
     api = FakeSliceApi()
     first, _ = publisher(api)
-    await first.publish(NODE, NODE_UID, two_gpus())
+    await first.publish(NODE, NODE_UID, three_gpus())
     restarted, writes = publisher(api)
     await fill_as_the_watch_does(restarted, api)
     assert all(entry.matches is None for entry in restarted.slices[NODE].values()), "loaded: nothing known yet"
 
-    await restarted.publish(NODE, NODE_UID, two_gpus())
+    await restarted.publish(NODE, NODE_UID, three_gpus())
 
     assert writes.made == [], "what the API holds is what would be written"
     assert all(entry.matches is not None for entry in restarted.slices[NODE].values())
-    await restarted.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+    await restarted.publish(NODE, NODE_UID, drained(three_gpus(), 0))
     assert writes.made == ["resourceslice/update"], "a remembered match does not hide a change"
 
 
 async def test_someone_elses_change_is_compared_in_full_again() -> None:
     api = FakeSliceApi()
     pub, writes = publisher(api)
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    theirs = copy.deepcopy(api.stored[f"{NODE}-tessera-gpu-1"])
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    theirs = copy.deepcopy(api.stored[GPUS_01])
     theirs["spec"]["devices"] = theirs["spec"]["devices"][:1]  # a device removed behind our back
     api.stored[theirs["metadata"]["name"]] = api._store(theirs, theirs["metadata"]["uid"])
     assert pub.seen("MODIFIED", api.stored[theirs["metadata"]["name"]])
 
-    await pub.publish(NODE, NODE_UID, two_gpus())
+    await pub.publish(NODE, NODE_UID, three_gpus())
 
-    assert writes.made[2:] == ["resourceslice/update"]
-    assert len(api.stored[f"{NODE}-tessera-gpu-1"]["spec"]["devices"]) == len(two_gpus()[1].devices)
+    assert writes.made[3:] == ["resourceslice/update"]
+    assert len(api.stored[GPUS_01]["spec"]["devices"]) == len(three_gpus()[2].devices)
 
 
 async def test_a_pool_left_with_mixed_generations_is_written_again_though_every_slice_matches() -> None:
     api = FakeSliceApi()
     pub, writes = publisher(api)
-    three = [*two_gpus(), build_gpu_devices(gpu(2))]
+    three = three_gpus()
     await pub.publish(NODE, NODE_UID, three)
-    changed = [with_drain_taints(g, {d["name"] for d in g.devices}) if g.gpu_index < 2 else g for g in three]
-    api.fail_replace = {f"{NODE}-tessera-gpu-2"}  # the new generation's last write fails
+    changed = drained(three, 0, 2)  # two slices change: a new generation for the whole pool
+    api.fail_replace = {COUNTERS}  # the new generation's write of the unchanged counter slice fails
 
     with pytest.raises(ApiError):
         await pub.publish(NODE, NODE_UID, changed)
     generations = {s["spec"]["pool"]["generation"] for s in api.stored.values()}
-    assert len(generations) == 2, "gpu-2 holds what it should, but at the old generation"
+    assert len(generations) == 2, "the counter slice holds what it should, but at the old generation"
+    made = len(writes.made)
 
     await pub.publish(NODE, NODE_UID, changed)
 
-    assert writes.made[-3:] == ["resourceslice/update"] * 3
-    assert len({s["spec"]["pool"]["generation"] for s in api.stored.values()}) == 1
+    assert writes.made[made:] == ["resourceslice/update"]
+    assert {s["spec"]["pool"]["generation"] for s in api.stored.values()} == {2}
 
 
 async def test_forgetting_a_pool_deletes_its_slices_and_its_cache() -> None:
     api = FakeSliceApi()
     pub, writes = publisher(api)
-    await pub.publish(NODE, NODE_UID, two_gpus())
+    await pub.publish(NODE, NODE_UID, three_gpus())
 
     await pub.forget(NODE)
 
     assert api.stored == {}
-    assert writes.made[2:] == ["resourceslice/delete", "resourceslice/delete"]
+    assert writes.made[3:] == ["resourceslice/delete"] * 3
     assert NODE not in pub.slices
 
 
 async def test_the_echo_of_our_own_write_is_no_change_and_someone_elses_is() -> None:
     api = FakeSliceApi()
     pub, _ = publisher(api)
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    ours = copy.deepcopy(api.stored[f"{NODE}-tessera-gpu-0"])
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    ours = copy.deepcopy(api.stored[GPUS])
 
     assert not pub.seen("MODIFIED", ours), "the same resourceVersion: our own write coming back"
 
@@ -261,17 +272,17 @@ async def test_the_echo_of_our_own_write_is_no_change_and_someone_elses_is() -> 
     theirs["metadata"]["resourceVersion"] = "5000"
     theirs["spec"]["devices"] = []
     assert pub.seen("MODIFIED", theirs)
-    assert pub.slices[NODE][f"{NODE}-tessera-gpu-0"].body()["spec"]["devices"] == []
+    assert pub.slices[NODE][GPUS].body()["spec"]["devices"] == []
 
 
 async def test_a_deletion_counts_once_and_only_for_a_slice_the_cache_holds() -> None:
     api = FakeSliceApi()
     pub, _ = publisher(api)
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    body = api.stored[f"{NODE}-tessera-gpu-1"]
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    body = api.stored[GPUS_01]
 
     assert pub.seen("DELETED", slice_stub(body))  # all a relist keeps of a slice that went
-    assert list(pub.slices[NODE]) == [f"{NODE}-tessera-gpu-0"]
+    assert sorted(pub.slices[NODE]) == [COUNTERS, GPUS]
     assert not pub.seen("DELETED", slice_stub(body)), "already gone from the cache"
 
 
@@ -281,8 +292,8 @@ async def test_a_deletion_the_watch_brings_while_we_write_is_not_undone_by_our_a
     the next publish would find nothing to write."""
     api = FakeSliceApi()
     pub, writes = publisher(api)
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    name = f"{NODE}-tessera-gpu-0"
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    name = GPUS
     replace = api.replace_slice
 
     async def replace_then_wiped(body: dict[str, Any]) -> dict[str, Any]:
@@ -292,11 +303,11 @@ async def test_a_deletion_the_watch_brings_while_we_write_is_not_undone_by_our_a
         return answer
 
     api.replace_slice = replace_then_wiped  # type: ignore[method-assign]
-    await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+    await pub.publish(NODE, NODE_UID, drained(three_gpus(), 0))
     assert name not in pub.slices[NODE]
 
     api.replace_slice = replace  # type: ignore[method-assign]
-    await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+    await pub.publish(NODE, NODE_UID, drained(three_gpus(), 0))
     assert writes.made[-1] == "resourceslice/create", "the next publish puts the slice back"
     assert name in api.stored
 
@@ -305,13 +316,13 @@ async def test_the_cache_holds_each_slice_packed_and_gives_back_what_the_api_sen
     api = FakeSliceApi()
     pub, _ = publisher(api)
     await pub.publish(NODE, NODE_UID, [build_gpu_devices(mig_gpu(0))])
-    stored = api.stored[f"{NODE}-tessera-gpu-0"]
+    stored = api.stored[GPUS]
     seen = copy.deepcopy(stored)
     seen["metadata"]["resourceVersion"] = "9999"  # someone else's version, as the watch brings it
     seen["metadata"]["managedFields"] = [{"manager": "someone", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
     assert pub.seen("MODIFIED", seen)
 
-    entry = pub.slices[NODE][f"{NODE}-tessera-gpu-0"]
+    entry = pub.slices[NODE][GPUS]
     del seen["metadata"]["managedFields"]
     assert entry.body() == seen
     as_json = len(json.dumps(seen, separators=(",", ":")))

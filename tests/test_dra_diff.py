@@ -14,6 +14,13 @@ from tests.dra_limits import validate_pool
 
 NODE = NodeRef("gpu-node-1", NODE_UID)
 POOL = NODE.name
+GPUS = "gpu-node-1-tessera-gpus"
+COUNTERS = "gpu-node-1-tessera-counters"
+
+
+def dynamic_node() -> list[GpuStatus]:
+    """Eight DynamicMIG GPUs: a pool of five slices (counters; GPUs 0-1, 2-3, 4-5, 6-7)."""
+    return [dynamic_gpu(i) for i in range(8)]
 _counter = itertools.count(100)
 
 
@@ -67,9 +74,9 @@ class FakeApiserver:
 
 def test_first_publish_creates_every_slice_at_generation_one() -> None:
     api = FakeApiserver()
-    plan = api.publish(every_strategy())
+    plan = api.publish(dynamic_node())
     assert plan.generation == 1
-    assert len(plan.creates) == 9
+    assert len(plan.creates) == 5
     assert plan.updates == ()
     assert plan.deletes == ()
     assert {s["spec"]["pool"]["generation"] for s in api.stored()} == {1}
@@ -88,35 +95,63 @@ def test_one_gpu_changed_writes_one_slice_and_keeps_the_generation() -> None:
     api = FakeApiserver()
     gpus = every_strategy()
     api.publish(gpus)
-    gpus[1] = gpus[1].model_copy(update={"health": Health.UNHEALTHY})
+    gpus[3] = gpus[3].model_copy(update={"health": Health.UNHEALTHY})
     plan = api.publish(gpus)
     assert plan.generation == 1
-    assert [u["metadata"]["name"] for u in plan.updates] == ["gpu-node-1-tessera-gpu-1"]
+    assert [u["metadata"]["name"] for u in plan.updates] == [GPUS]
     assert plan.creates == ()
     assert plan.deletes == ()
     assert {s["spec"]["pool"]["generation"] for s in api.stored()} == {1}
 
 
-def test_two_gpus_changed_bump_the_generation_and_rewrite_the_whole_pool() -> None:
+def test_one_gpu_changed_in_a_pool_of_several_slices_writes_only_its_slice() -> None:
     api = FakeApiserver()
-    gpus = every_strategy()
+    gpus = dynamic_node()
+    api.publish(gpus)
+    plan = api.publish(gpus, {gpus[3].uuid})
+    assert plan.generation == 1
+    assert [u["metadata"]["name"] for u in plan.updates] == [f"{GPUS}-01"]
+    assert plan.writes == 1
+
+
+def test_two_gpus_changed_in_one_slice_write_it_once_and_keep_the_generation() -> None:
+    api = FakeApiserver()
+    gpus = dynamic_node()
+    api.publish(gpus)
+    plan = api.publish(gpus, {gpus[2].uuid, gpus[3].uuid})
+    assert plan.generation == 1
+    assert [u["metadata"]["name"] for u in plan.updates] == [f"{GPUS}-01"]
+
+
+def test_two_slices_changed_bump_the_generation_and_rewrite_the_whole_pool() -> None:
+    api = FakeApiserver()
+    gpus = dynamic_node()
     api.publish(gpus)
     gpus[0] = gpus[0].model_copy(update={"health": Health.LOST})
-    gpus[1] = gpus[1].model_copy(update={"health": Health.LOST})
+    gpus[7] = gpus[7].model_copy(update={"health": Health.LOST})
     plan = api.publish(gpus)
     assert plan.generation == 2
-    assert len(plan.updates) == 9
+    assert len(plan.updates) == 5
     assert {s["spec"]["pool"]["generation"] for s in api.stored()} == {2}
 
 
-def test_a_new_gpu_bumps_the_generation_and_counts_the_new_slice() -> None:
+def test_a_new_gpu_that_fits_the_slice_rewrites_it_alone() -> None:
     api = FakeApiserver()
     api.publish([gpu(0), gpu(1)])
     plan = api.publish([gpu(0), gpu(1), gpu(2)])
+    assert plan.generation == 1
+    assert [u["metadata"]["name"] for u in plan.updates] == [GPUS]
+    assert plan.writes == 1
+
+
+def test_a_new_slice_bumps_the_generation_and_is_counted_in_every_slice() -> None:
+    api = FakeApiserver()
+    api.publish([gpu(0), gpu(1)])
+    plan = api.publish([gpu(0), gpu(1), dynamic_gpu(2)])
     assert plan.generation == 2
-    assert [c["metadata"]["name"] for c in plan.creates] == ["gpu-node-1-tessera-gpu-2"]
-    assert len(plan.updates) == 2
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.stored()} == {3}
+    assert [c["metadata"]["name"] for c in plan.creates] == [COUNTERS]
+    assert [u["metadata"]["name"] for u in plan.updates] == [GPUS]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.stored()} == {2}
 
 
 def test_a_gpu_gone_deletes_its_slices_and_recounts_the_rest() -> None:
@@ -124,15 +159,30 @@ def test_a_gpu_gone_deletes_its_slices_and_recounts_the_rest() -> None:
     api.publish([gpu(0), dynamic_gpu(1), gpu(2)])
     stored = {s["metadata"]["name"]: s for s in api.stored()}
     plan = api.publish([gpu(0), gpu(2)])
-    assert plan.deletes == (
-        SliceRef.of(stored["gpu-node-1-tessera-gpu-1"]),
-        SliceRef.of(stored["gpu-node-1-tessera-gpu-1-counters"]),
-    )
+    assert plan.deletes == (SliceRef.of(stored[COUNTERS]),)
     assert plan.deletes[0].uid is not None
     assert plan.deletes[0].resource_version is not None
     assert plan.generation == 2
-    assert [s["metadata"]["name"] for s in api.stored()] == ["gpu-node-1-tessera-gpu-0", "gpu-node-1-tessera-gpu-2"]
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.stored()} == {2}
+    assert [s["metadata"]["name"] for s in api.stored()] == [GPUS]
+    assert [d["name"] for d in api.stored()[0]["spec"]["devices"]] == ["gpu-0", "gpu-2"]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.stored()} == {1}
+
+
+def test_a_pool_of_one_slice_per_gpu_is_replaced_by_shared_slices_at_a_new_generation() -> None:
+    """An operator from before shared slices left ``<node>-tessera-gpu-<i>``: the first publish
+    deletes them and writes the shared slices one generation up, so the scheduler never mixes them."""
+    api = FakeApiserver()
+    gpus = [gpu(i) for i in range(4)]
+    for i, g in enumerate(gpus):
+        (old,) = build_node_slices(NODE, [g])
+        old["metadata"]["name"] = f"gpu-node-1-tessera-gpu-{i}"
+        old["spec"]["pool"].update(generation=3, resourceSliceCount=4)
+        api.apply(SlicePlan(3, creates=(old,)))
+    plan = api.publish(gpus)
+    assert sorted(d.name for d in plan.deletes) == [f"gpu-node-1-tessera-gpu-{i}" for i in range(4)]
+    assert [c["metadata"]["name"] for c in plan.creates] == [GPUS]
+    assert plan.generation == 4
+    assert [d["name"] for d in api.stored()[0]["spec"]["devices"]] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
 
 
 def test_a_strategy_change_within_one_gpu_rewrites_only_that_slice() -> None:
@@ -193,7 +243,7 @@ def test_a_lost_owner_reference_or_label_is_written_back() -> None:
 def test_update_keeps_labels_of_others_and_sets_the_resource_version() -> None:
     api = FakeApiserver()
     api.publish([gpu(0)])
-    api.slices["gpu-node-1-tessera-gpu-0"]["metadata"]["labels"]["team"] = "ml"
+    api.slices[GPUS]["metadata"]["labels"]["team"] = "ml"
     plan = api.publish([gpu(0, health=Health.UNHEALTHY)])
     (update,) = plan.updates
     assert update["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "tessera", "team": "ml"}
@@ -202,12 +252,13 @@ def test_update_keeps_labels_of_others_and_sets_the_resource_version() -> None:
 
 def test_a_slice_left_at_an_older_generation_is_brought_up_alone() -> None:
     api = FakeApiserver()
-    api.publish([gpu(0), gpu(1)])
-    api.publish([gpu(0, health=Health.LOST), gpu(1, health=Health.LOST)])  # generation 2
-    api.slices["gpu-node-1-tessera-gpu-1"]["spec"]["pool"]["generation"] = 1  # a write that never landed
-    plan = api.publish([gpu(0, health=Health.LOST), gpu(1, health=Health.LOST)])
+    gpus = dynamic_node()
+    api.publish(gpus)
+    api.publish(gpus, {gpus[0].uuid, gpus[7].uuid})  # generation 2
+    api.slices[f"{GPUS}-01"]["spec"]["pool"]["generation"] = 1  # a write that never landed
+    plan = api.publish(gpus, {gpus[0].uuid, gpus[7].uuid})
     assert plan.generation == 2
-    assert [u["metadata"]["name"] for u in plan.updates] == ["gpu-node-1-tessera-gpu-1"]
+    assert [u["metadata"]["name"] for u in plan.updates] == [f"{GPUS}-01"]
 
 
 def test_slices_of_other_pools_and_drivers_are_left_alone() -> None:
@@ -232,7 +283,7 @@ def test_no_gpus_left_deletes_the_whole_pool() -> None:
     api = FakeApiserver()
     api.publish([gpu(0), dynamic_gpu(1)])
     plan = api.publish([])
-    assert len(plan.deletes) == 3
+    assert len(plan.deletes) == 2
     assert api.stored() == []
 
 

@@ -115,7 +115,8 @@ def test_slice_rules_refuse_devices_with_counters_too_many_devices_and_no_node()
 
 def test_counter_rules_refuse_too_many_sets_and_counters() -> None:
     slices = build_node_slices(NODE, [dynamic_gpu(0)])
-    counters = slices[1]
+    counters = slices[0]
+    assert "sharedCounters" in counters["spec"]
     counters["spec"]["sharedCounters"] = [
         {"name": f"gpu-{i}", "counters": {f"c-{j}": {"value": "1"} for j in range(33)}} for i in range(9)
     ]
@@ -125,7 +126,8 @@ def test_counter_rules_refuse_too_many_sets_and_counters() -> None:
 
 
 def test_pool_rules_catch_duplicates_missing_counters_and_mixed_generations() -> None:
-    slices = build_node_slices(NODE, [dynamic_gpu(0), gpu(1)])
+    slices = build_node_slices(NODE, [dynamic_gpu(0), dynamic_gpu(1), dynamic_gpu(2)])  # counters, 2 device slices
+    assert len(slices) == 3
     assert validate_pool(slices) == []
 
     no_counters = [s for s in slices if "sharedCounters" not in s["spec"]]
@@ -138,7 +140,7 @@ def test_pool_rules_catch_duplicates_missing_counters_and_mixed_generations() ->
     assert any("different generations" in p for p in validate_pool(mixed))
 
     twice = copy.deepcopy(slices)
-    twice[2]["spec"]["devices"] = copy.deepcopy(twice[0]["spec"]["devices"][:1])
+    twice[2]["spec"]["devices"] = copy.deepcopy(twice[1]["spec"]["devices"][:1])
     assert any("published twice" in p for p in validate_pool(twice))
 
     miscounted = copy.deepcopy(slices)

@@ -196,12 +196,20 @@ def _ready_now(policy_body: dict[str, Any]) -> bool:
 
 
 def converged(layouts: list[dict[str, Any]], slices: list[dict[str, Any]]) -> bool:
-    """The slices publish exactly what every agent reports."""
+    """The slices publish exactly what every agent reports, each pool whole: all its slices of
+    one generation, as many as each of them counts (a pool the scheduler would use)."""
     published: dict[str, set[str]] = {}
+    pools: dict[str, list[dict[str, Any]]] = {}
     for s in slices:
+        pools.setdefault(s["spec"]["pool"]["name"], []).append(s["spec"]["pool"])
         published.setdefault(s["spec"]["pool"]["name"], set()).update(
             d["name"] for d in s["spec"].get("devices") or []
         )
+    for members in pools.values():
+        if {(p.get("generation"), p.get("resourceSliceCount")) for p in members} != {
+            (members[0].get("generation"), len(members))
+        }:
+            return False
     for body in layouts:
         status = body.get("status")
         if not status:

@@ -5,12 +5,13 @@ controller manager makes from templates and kube-scheduler allocates and binds."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tessera.localcluster import LocalCluster
-from tessera.localcluster.cluster import wait_for
+from tessera.localcluster.cluster import LocalClusterError, wait_for
 from tessera.localcluster.workloads import claim_template, pod_with_claim
 from tests.integration.kube_helpers import allocation, apply, get, unschedulable
 
@@ -146,3 +147,26 @@ async def _wait_unschedulable(cluster: LocalCluster, namespace: str, *pods: str,
         timeout=60,
         message=f"{want} of {pods} to be unschedulable",
     )
+
+
+def _state(pid: int) -> str:
+    """The process state letter from ``/proc/<pid>/stat`` (``T``: stopped)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _program(pid: int) -> str:
+    """The program a process runs (its ``argv[0]``)."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+
+
+async def test_a_components_pid_is_its_process_which_pause_stops_and_resume_wakes(cluster: LocalCluster) -> None:
+    pid = cluster.pid("kube-scheduler")
+    assert _program(pid).endswith("kube-scheduler")
+    cluster.pause("kube-scheduler")
+    try:
+        await wait_for(lambda: _state(pid) == "T", timeout=10, message="the scheduler to stop")
+    finally:
+        cluster.resume("kube-scheduler")
+    await wait_for(lambda: _state(pid) != "T", timeout=10, message="the scheduler to run again")
+    with pytest.raises(LocalClusterError, match="not running"):
+        cluster.pid("kube-nothing")

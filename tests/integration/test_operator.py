@@ -296,7 +296,7 @@ async def test_high_memory_device_class_selects_only_devices_above_40gi(
 
 async def test_deleting_a_node_removes_its_slices_and_layout(cluster: LocalCluster, tessera: TesseraProcesses) -> None:
     agent = gpu_node(cluster, tessera, "gone-a", "gone", "2xA100-80GB")
-    await wait_for(lambda: len(node_slices(cluster, "gone-a")) == 2, timeout=60, message="two GPU slices")
+    await wait_for(lambda: len(node_slices(cluster, "gone-a")) == 1, timeout=60, message="the node's slice")
     agent.stop()
     cluster.kubectl("delete", "node", "gone-a")
     await wait_for(lambda: not node_slices(cluster, "gone-a"), timeout=60, message="the slices to go")
@@ -377,13 +377,15 @@ async def test_a_slice_someone_else_deletes_is_published_again(
     # The kubelet wipes a driver's slices when its plugin goes away; when the agent is back,
     # what it reports must be published again, whatever the operator wrote before.
     gpu_node(cluster, tessera, "wiped-a", "wiped", "2xH100-80GB")
-    await wait_for(lambda: len(node_slices(cluster, "wiped-a")) == 2, timeout=60, message="two GPU slices")
-    cluster.kubectl("delete", "resourceslice", "wiped-a-tessera-gpu-1")
-    await wait_for(
-        lambda: (
-            [s["metadata"]["name"] for s in node_slices(cluster, "wiped-a")]
-            == ["wiped-a-tessera-gpu-0", "wiped-a-tessera-gpu-1"]
-        ),
+    await wait_for(lambda: len(node_slices(cluster, "wiped-a")) == 1, timeout=60, message="the node's slice")
+    (first,) = node_slices(cluster, "wiped-a")
+    assert first["metadata"]["name"] == "wiped-a-tessera-gpus"
+    cluster.kubectl("delete", "resourceslice", "wiped-a-tessera-gpus")
+    again = await wait_for(
+        lambda: next((s for s in node_slices(cluster, "wiped-a")
+                      if s["metadata"]["uid"] != first["metadata"]["uid"]), None),
         timeout=60,
         message="the deleted slice to be published again",
     )
+    assert again["metadata"]["name"] == "wiped-a-tessera-gpus"
+    assert [d["name"] for d in again["spec"]["devices"]] == ["gpu-0", "gpu-1"]

@@ -15,7 +15,7 @@ from tessera.controller.publisher import SlicePublisher
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.devices import build_gpu_devices, with_drain_taints
 from tessera.dra.diff import plan_slice_writes
-from tessera.dra.slices import NodeRef, build_node_slices
+from tessera.dra.slices import COUNTER_SETS_PER_SLICE, DEVICES_PER_SLICE, NodeRef, build_node_slices
 from tessera.kube.http import ApiError, KubeClient
 from tessera.kube.objects import Api
 from tessera.localcluster import LocalCluster
@@ -23,7 +23,7 @@ from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.workloads import claim_template, on_node, pod_with_claim
 from tessera.models.layout import Health
 from tessera.models.quantity import quantity_value
-from tests.dra_gpus import every_strategy
+from tests.dra_gpus import dynamic_gpu, every_strategy
 from tests.dra_limits import validate_slice
 from tests.integration.kube_helpers import apply, get, unschedulable
 
@@ -68,7 +68,7 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
         "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(plan.creates)})
     )
     stored = _stored_slices(cluster, name)
-    assert len(stored) == len(desired) == 9
+    assert len(stored) == len(desired) == 2, "one slice of devices, one of counters"
 
     # What the server stored (uids, timeAdded on taints, its quantity spelling) plans no write.
     assert plan_slice_writes(name, desired, stored).empty
@@ -77,7 +77,7 @@ async def test_built_slices_are_admitted_and_allocated_by_the_scheduler(cluster:
     assert all(t.get("timeAdded") for d in tainted for t in d["taints"])
 
     # A structurally bad slice: refused by the apiserver, and by our validators.
-    bad = copy.deepcopy(plan.creates[0])
+    bad = copy.deepcopy(next(s for s in plan.creates if s["spec"].get("devices")))
     bad["metadata"]["name"] = f"{name}-bad"
     device = bad["spec"]["devices"][0]
     device["capacity"]["memory"]["requestPolicy"] = {"default": "1Gi", "validRange": {"min": "1Gi"}}
@@ -174,3 +174,40 @@ async def test_a_conflict_rereads_only_its_nodes_slices_and_the_next_publish_bui
         assert all(t["key"] == "tessera.dev/repartition" for s in stored for d in s["spec"]["devices"]
                    for t in d["taints"])
         assert stored[0]["metadata"]["labels"]["someone"] == "else", "their label is kept"
+
+
+def _dry_run(cluster: LocalCluster, *slices: dict[str, Any]) -> str:
+    """Server-side dry run of creating ``slices``: "" when the apiserver takes them, else its refusal."""
+    done = cluster.kubectl("create", "--dry-run=server", "-f", "-", check=False,
+                           input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(slices)}))
+    return "" if done.returncode == 0 else done.stderr
+
+
+async def test_the_apiserver_takes_slices_filled_to_the_builders_limits_and_refuses_one_more(
+    cluster: LocalCluster,
+) -> None:
+    """The limits the builder fills shared slices to, held to the real apiserver: 64 devices that
+    consume counters (or carry taints) and 8 counter sets to a slice are taken; a 65th device or
+    a 9th counter set is refused. Nine DynamicMIG GPUs, as built, are taken whole."""
+    name = "publisher-limits"
+    node = cluster.add_node(name, labels={"tessera.dev/test": "publisher"})
+    gpus = [dynamic_gpu(i) for i in range(9)]
+    built = build_node_slices(NodeRef(name, node["metadata"]["uid"]), gpus, draining={gpus[0].uuid})
+    assert [len(s["spec"].get("devices") or s["spec"]["sharedCounters"]) for s in built] == [8, 1, 50, 50, 50, 50, 25]
+    assert _dry_run(cluster, *built) == ""
+
+    devices = [d for s in built for d in s["spec"].get("devices") or []]
+    full = copy.deepcopy(built[2])
+    full["spec"]["devices"] = devices[:DEVICES_PER_SLICE]
+    assert DEVICES_PER_SLICE == 64
+    assert _dry_run(cluster, full) == ""
+    full["spec"]["devices"] = devices[:DEVICES_PER_SLICE + 1]
+    assert "must have at most 64 items" in _dry_run(cluster, full)
+    assert validate_slice(full)
+
+    counters = copy.deepcopy(built[0])
+    counter_sets = [c for s in built for c in s["spec"].get("sharedCounters") or []]
+    assert len(counters["spec"]["sharedCounters"]) == COUNTER_SETS_PER_SLICE == 8
+    counters["spec"]["sharedCounters"] = counter_sets
+    assert "must have at most 8 items" in _dry_run(cluster, counters)
+    assert validate_slice(counters)

@@ -6,11 +6,13 @@ device (set) that satisfies the claim (``k8s.io/dynamic-resource-allocation``
 ``structured/internal/*/pools_*.go`` sorts slices by name; the devices keep list order).
 What is listed first is tried first, so the order Tessera publishes in steers placement:
 
-- Across GPUs the order is the GPU slices' names (``<node>-tessera-gpu-<index>``), fixed for
-  the life of a GPU. A fixed order is what makes first fit pack: every claim tries the same
-  GPU first, so a partly used GPU (or MIG instance, or shared device) keeps filling before the
-  next one is touched, and the GPUs further down stay whole for large requests.
-- Within one GPU's slice (this module): smaller devices first, so a request that several
+- Across GPUs the order is the GPU index: a node's GPUs share slices (``<node>-tessera-gpus``,
+  ``-01``, …, names that sort in fill order, see ``tessera.dra.slices``), GPU after GPU by
+  index, so the order is fixed for the life of a GPU. A fixed order is what makes first fit
+  pack: every claim tries the same GPU first, so a partly used GPU (or MIG instance, or shared
+  device) keeps filling before the next one is touched, and the GPUs further down stay whole
+  for large requests.
+- Within one GPU's devices (this module): smaller devices first, so a request that several
   devices would satisfy takes the smallest; and for DynamicMIG, among the placements of one
   profile, the placement that blocks least of the others first (:func:`placement_cost`), so a
   small instance lands where it fragments least — a 1g goes to memory slice 6, then 5, 4, …,

@@ -150,6 +150,11 @@ class LocalCluster:
         """SIGCONT a component :meth:`pause` stopped."""
         self._component(component).popen.send_signal(signal.SIGCONT)
 
+    def pid(self, component: str) -> int:
+        """The process id of a running component (say ``kube-scheduler``): benchmarks read its
+        CPU time from ``/proc/<pid>/stat``."""
+        return self._component(component).popen.pid
+
     def _component(self, name: str) -> _Process:
         process = next((p for p in self._processes if p.name == name), None)
         if process is None or process.popen.poll() is not None:
