@@ -32,6 +32,7 @@ from tessera.agent.nics.shaping import UplinkShaper, host_link_name, ifb_name, s
 from tessera.dra.nics import NIC_DRIVER, SHARED_NIC_CLASS, nic_device_name
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait_for
+from tessera.localcluster.fabric import Fabric
 from tessera.localcluster.images import BUSYBOX_IMAGE
 from tessera.localcluster.nodes import KUBELET_ROOT, SIMULATED_STATE_DIR, RealNode, real_nodes_possible
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
@@ -50,8 +51,9 @@ AGENT_FLAGS = ["--health-recovery-seconds", "10"]
 # Node B's uplink: a veth in the host's network namespace (the nodes' own) whose far end sits in
 # a namespace of this run playing the fabric; names unique per run (other runs share the machine).
 _RUN = uuid.uuid4().hex[:6]
-UPLINK, FABRIC_END, FABRIC_NETNS = f"tu{_RUN}", f"tf{_RUN}", f"tessera-fabric-{_RUN}"
+UPLINK = f"tu{_RUN}"
 FABRIC_NETWORK, FABRIC_GATEWAY = "10.97.0.0/24", "10.97.0.1"  # shares get .2, .3, ... (spec.addresses)
+FABRIC = Fabric(UPLINK, f"tf{_RUN}", f"tessera-fabric-{_RUN}", f"{FABRIC_GATEWAY}/24")
 # The CDI hook runs on the node's host (the runtime's namespaces): this checkout's tessera command.
 HOOK = str(Path(sys.executable).parent / "tessera")
 NIC_FLAGS = {NODE_B: ["--nic-interfaces", UPLINK, "--nic-attach-executable", HOOK]}
@@ -111,7 +113,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
         processes = TesseraProcesses(cluster, tmp_path_factory.mktemp("real-nodes"))
         nodes: dict[str, RealNode] = {}
         try:
-            make_fabric()
+            FABRIC.make()
             for name in SIMULATE:
                 nodes[name] = RealNode.start(cluster, name)
             processes.operator()
@@ -126,26 +128,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
             processes.stop_all()
             for node in nodes.values():
                 node.stop()
-            remove_fabric()
-
-
-def make_fabric() -> None:
-    """The veth standing in for node B's NIC, its far end in a namespace of its own."""
-    remove_fabric()
-    for argv in (["ip", "netns", "add", FABRIC_NETNS],
-                 ["ip", "link", "add", UPLINK, "type", "veth", "peer", "name", FABRIC_END],
-                 ["ip", "link", "set", FABRIC_END, "netns", FABRIC_NETNS],
-                 ["ip", "-n", FABRIC_NETNS, "addr", "add", f"{FABRIC_GATEWAY}/24", "dev", FABRIC_END],
-                 ["ip", "-n", FABRIC_NETNS, "link", "set", FABRIC_END, "up"],
-                 ["ip", "link", "set", UPLINK, "up"]):
-        subprocess.run(argv, check=True, capture_output=True, text=True)
-
-
-def remove_fabric() -> None:
-    """The veth, its namespace, and the uplink's ifb should a failed test have left it."""
-    for link in (UPLINK, ifb_name(UPLINK)):
-        subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
-    subprocess.run(["ip", "netns", "del", FABRIC_NETNS], check=False, capture_output=True)
+            FABRIC.remove(also=[ifb_name(UPLINK)])
 
 
 @pytest.fixture
