@@ -3,7 +3,9 @@ plugin's (``<registry>/nic.tessera.dev-reg.sock``, ``<plugins>/nic.tessera.dev/d
 
 NodePrepareResources reads each claim (and the node's NIC slice, for the policy's ceiling the
 device publishes), takes its results of our driver on this node (the device
-names the NIC, ``consumedCapacity.bandwidth`` the rate, ``shareID`` the share), has
+names the NIC, ``consumedCapacity.bandwidth`` the rate, ``shareID`` the share; its interface
+name comes from the claim's NicShareConfig or is ``net<N>``, numbered across the call's claims:
+``naming``), has
 ``NicFamily`` make the shares (macvlan, classes, filters, checkpoint), and writes one CDI spec
 per claim whose devices carry the ``createRuntime`` hook that attaches them to the Pod
 (``tessera nic-attach``); the answer gives each device its CDI ID and share ID, and the claim's
@@ -33,6 +35,7 @@ import structlog
 
 from tessera import RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.agent.nics.family import NicFamily, ShareRequest, attach_hook
+from tessera.agent.nics.naming import FIRST_AUTO, NamingError, configured_names, next_auto, share_names
 from tessera.agent.nics.report import attach_failures, clear_attach_failure, share_status_entries
 from tessera.agent.nics.shaping import Share
 from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, ClaimStatusWriter
@@ -76,10 +79,12 @@ def share_requests(
     nics: Sequence[NicStatus],
     ceilings: Mapping[str, int] | None = None,
     cidrs: Mapping[str, str] | None = None,
+    first_auto: int = FIRST_AUTO,
 ) -> list[AllocatedShare]:
     """The NIC shares ``claim`` holds on ``node``, each with its device's ceiling (``ceilings``:
-    device name -> bits per second) and address network (``cidrs``: device name -> CIDR);
-    ClaimError says why there are none to make."""
+    device name -> bits per second), address network (``cidrs``: device name -> CIDR) and
+    interface name (the claim's NicShareConfig, else ``net<N>`` counting from ``first_auto``:
+    ``tessera.agent.nics.naming``); ClaimError says why there are none to make."""
     if claim.get("metadata", {}).get("uid") != ref.uid:
         raise ClaimError(f"ResourceClaim {ref} was deleted and created again; the Pod must be recreated")
     allocation = (claim.get("status") or {}).get("allocation")
@@ -88,9 +93,13 @@ def share_requests(
     results = allocation_results(claim, NIC_DRIVER, include_admin_access=True)  # the rules every family shares
     if not results:
         raise ClaimError(f"ResourceClaim {ref} has no device of driver {NIC_DRIVER}")
+    try:
+        interfaces = share_names([r.request for r in results], configured_names(claim, NIC_DRIVER), first_auto)
+    except NamingError as error:
+        raise ClaimError(f"ResourceClaim {ref}: {error}") from error
     by_device = {nic_device_name(n.interface): n for n in nics}
     shares = []
-    for result in results:
+    for result, interface in zip(results, interfaces, strict=True):
         if result.pool != node:
             raise ClaimError(f"ResourceClaim {ref} holds a NIC of node {result.pool}, but this is node {node}")
         nic = by_device.get(result.device)
@@ -102,7 +111,7 @@ def share_requests(
         share_id = result.share_id or result.request
         request = ShareRequest(
             share_id, nic.interface, parse_quantity(bandwidth), ceil_bps=(ceilings or {}).get(result.device),
-            cidr=(cidrs or {}).get(result.device),
+            cidr=(cidrs or {}).get(result.device), interface=interface,
         )  # fmt: skip
         shares.append(AllocatedShare(result.request.split("/", 1)[0], result.device, request))
     return shares
@@ -224,15 +233,17 @@ class NicKubeletPlugin:
         self.nics = nics
         self._servers: list[Any] = []
 
-    async def prepare(self, ref: ClaimRef) -> tuple[list[AllocatedShare], str]:
-        """The claim's shares made and its CDI spec written, or the reason (nothing left made)."""
+    async def prepare(self, ref: ClaimRef, first_auto: int = FIRST_AUTO) -> tuple[list[AllocatedShare], str]:
+        """The claim's shares made and its CDI spec written, or the reason (nothing left made).
+        Shares the claim does not name are ``net<N>`` from ``first_auto`` on (see ``naming``)."""
         try:
             claim = await self.reader.read_claim(ref.namespace, ref.name)
             if claim is None:
                 raise ClaimError(f"ResourceClaim {ref} does not exist")
             slices = await self._slices.node_slices(self.config.node_name) if self._slices else []
             shares = share_requests(
-                claim, ref, self.config.node_name, self.nics(), device_ceilings(slices), device_cidrs(slices)
+                claim, ref, self.config.node_name, self.nics(), device_ceilings(slices), device_cidrs(slices),
+                first_auto,
             )
             made: list[Share] = await self._blocking(self.family.prepare, ref.uid, [s.share for s in shares])
             pid_file = self.config.agent_pid_file if self.config.hook_in_agent_namespace else None
@@ -251,6 +262,11 @@ class NicKubeletPlugin:
         self._prepared[ref.uid] = (ref, devices)
         await self._write_status(ref.uid, None)
         return shares, ""
+
+    def interfaces(self, claim_uid: str) -> list[str]:
+        """The interface names of the claim's prepared shares (none: not prepared by this process)."""
+        _, devices = self._prepared.get(claim_uid, (None, []))
+        return [share.interface for _, share in devices]
 
     async def _write_status(self, claim_uid: str, attach_failure: str | None) -> None:
         """The claim's NIC entries in ``status.devices``: Ready, or AttachFailed with the reason."""
@@ -327,8 +343,10 @@ class NicKubeletPlugin:
 
         async def prepare(request: Any, context: Any) -> Any:
             response = pb.NodePrepareResourcesResponse()
+            first_auto = FIRST_AUTO  # one call: one Pod's claims, in its order (see naming)
             for claim in request.claims:
-                shares, error = await self.prepare(ClaimRef(claim.namespace, claim.name, claim.uid))
+                shares, error = await self.prepare(ClaimRef(claim.namespace, claim.name, claim.uid), first_auto)
+                first_auto = max(first_auto, next_auto(self.interfaces(claim.uid)))
                 entry = response.claims[claim.uid]
                 if error:
                     entry.error = error
