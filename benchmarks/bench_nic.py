@@ -20,7 +20,9 @@ through veths measures its own saturation, not the shaping, at full rates.
     .venv/bin/python benchmarks/bench_nic.py --real-node [--scale 0.1]
 
 Prints ``share <rate>: <measured> Gbit/s, <p>% of rate`` per share, then
-``unshaped: <measured> Gbit/s`` (both senders together, no shaping), then the latency lines.
+``unshaped: <measured> Gbit/s`` (both senders together, no shaping), then the latency lines: a
+share's prepare and unprepare, and how soon a link that goes down turns its device unhealthy
+through the agent's link-event watcher.
 """
 
 from __future__ import annotations
@@ -31,14 +33,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyroute2 import NetNS
+
 from tessera.agent.nics.family import NicFamily, ShareRequest
+from tessera.agent.nics.health import NicHealth
+from tessera.agent.nics.linkwatch import LinkWatcher
 from tessera.agent.nics.shaping import POD_INTERFACE, UplinkShaper, ifb_name
 from tessera.dra.nics import format_rate
+from tessera.models.nics import LinkState, NicStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the namespace lab lives beside the tests
@@ -109,7 +117,41 @@ def main() -> int:
                 f"NIC share {what}: p50 {statistics.median(values):.1f} ms, "
                 f"p99 {_percentile(values, 0.99):.1f} ms ({args.rounds} rounds)"
             )
+        down_ms = _link_down_to_unhealthy(lab.host, args.rounds)
+        print(f"link down -> NIC unhealthy (link events): p50 {statistics.median(down_ms):.1f} ms, "
+              f"p99 {_percentile(down_ms, 0.99):.1f} ms ({args.rounds} rounds)")  # fmt: skip
     return 0
+
+
+def _link_down_to_unhealthy(host: str, rounds: int) -> list[float]:
+    """Milliseconds from the netlink request that takes the uplink down to its device's health
+    turning unhealthy through the agent's link watcher (no pass in between), per round."""
+    health = NicHealth()
+    health.observe([NicStatus(interface=UPLINK)])
+    changed = threading.Event()
+
+    def on_link(name: str, state: LinkState) -> None:
+        if health.link_changed(name, state):
+            changed.set()
+
+    watcher = LinkWatcher(on_link, netns=host)
+    watcher.start()
+    took = []
+    try:
+        with NetNS(host, flags=0) as ip:
+            index = ip.link_lookup(ifname=UPLINK)[0]
+            for _ in range(rounds):
+                for state in ("down", "up"):
+                    changed.clear()
+                    started = time.perf_counter()
+                    ip.link("set", index=index, state=state)
+                    if not changed.wait(10):
+                        raise RuntimeError(f"no link event for {UPLINK} {state}")
+                    if state == "down":
+                        took.append((time.perf_counter() - started) * 1000)
+    finally:
+        watcher.stop()
+    return took
 
 
 # -- through a real node ---------------------------------------------------------------------

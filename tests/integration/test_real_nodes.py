@@ -524,6 +524,39 @@ async def test_a_nic_share_pod_sees_net1_at_its_first_instruction_and_leaves_not
                    message="no macvlan, class, filter or ifb left after the Pod was deleted")
 
 
+async def test_a_pod_with_three_nic_claims_sees_net1_net2_and_the_name_its_claim_gave(
+    real: RealCluster, namespace: str
+) -> None:
+    """The kubelet prepares the Pod's three claims in one call: the unnamed shares are numbered
+    across it in the Pod's order, the third is named by its claim's NicShareConfig."""
+    real.cluster.apply_objects([nic_policy()])
+    named = claim_template("nic-named", namespace, SHARED_NIC_CLASS, capacity={"bandwidth": "1G"})
+    named["spec"]["spec"]["devices"]["config"] = [{"opaque": {"driver": NIC_DRIVER, "parameters": {
+        "apiVersion": "nic.tessera.dev/v1alpha1", "kind": "NicShareConfig", "interfaceName": "storage0"}}}]
+    templates = [claim_template(f"nic-{c}", namespace, SHARED_NIC_CLASS, capacity={"bandwidth": "1G"}) for c in "ab"]
+    pod = pod_with_claim("nic-3", namespace, "nic-a", on_node(NODE_B), BUSYBOX_IMAGE, SHOW_INTERFACES)
+    pod["spec"]["resourceClaims"] = [{"name": n, "resourceClaimTemplateName": f"nic-{n}"} for n in ("a", "b", "named")]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": n} for n in ("a", "b", "named")]
+    real.cluster.apply_objects([*templates, named, pod])
+    await wait_for(lambda: pod_phase(real, namespace, "nic-3") == "Running" and "ready" in logs(
+        real, namespace, "nic-3"), timeout=120, interval=0.5, message="nic-3 running and printing its interfaces")
+    printed = logs(real, namespace, "nic-3").splitlines()
+    listed = printed[:printed.index(next(line for line in printed if ": " in line))]
+    assert sorted(listed) == ["eth0", "lo", "net1", "net2", "storage0"], f"the first thing the container saw: {printed}"
+    by_claim = {}
+    for status in get(real, "pod", "nic-3", "-n", namespace)["status"]["resourceClaimStatuses"]:
+        claim = get(real, "resourceclaim", status["resourceClaimName"], "-n", namespace)
+        [entry] = [d for d in claim["status"]["devices"] if d["driver"] == NIC_DRIVER]
+        by_claim[status["name"]] = entry["networkData"]["interfaceName"]
+        [line] = [ln for ln in printed if re.match(rf"\d+: {by_claim[status['name']]}@", ln)]
+        assert entry["networkData"]["hardwareAddress"] in line, (status["name"], line)
+    assert by_claim == {"a": "net1", "b": "net2", "named": "storage0"}
+    await delete_pods(real, namespace, "nic-3")
+    shaper = UplinkShaper()
+    await wait_for(lambda: host_share_pieces(shaper) == NOTHING, timeout=60, interval=0.5,
+                   message="nothing left after the Pod was deleted")
+
+
 def nic_conditions(real: RealCluster, namespace: str, pod: str) -> list[dict[str, Any]]:
     """The conditions of the pod's claim's nic.tessera.dev entries in ``status.devices``."""
     statuses = get(real, "pod", pod, "-n", namespace)["status"].get("resourceClaimStatuses") or [{}]

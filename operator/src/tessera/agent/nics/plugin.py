@@ -11,6 +11,8 @@ per claim whose devices carry the ``createRuntime`` hook that attaches them to t
 (``tessera nic-attach``); the answer gives each device its CDI ID and share ID, and the claim's
 ``status.devices`` says Ready (or AttachFailed, from the hook's reports: ``report``). Unprepare
 undoes all of it. Every claim gets its own answer; a claim that cannot be prepared leaves nothing made.
+The same socket serves the kubelet's health stream (``NodeWatchResources``) from the NICs' link
+health (``tessera.agent.nics.health``), with the GPU plugin's stream code.
 
 Pure parts (``share_requests``, ``nic_cdi_spec``) take values and return values.
 Not for: GPUs (``tessera.agent.plugin``) or the netlink work (``tessera.agent.nics.shaping``).
@@ -34,11 +36,13 @@ import grpc
 import structlog
 
 from tessera import RESOURCE_GROUP, RESOURCE_VERSION
+from tessera.agent.health import HealthSource
 from tessera.agent.nics.family import NicFamily, ShareRequest, attach_hook
 from tessera.agent.nics.naming import FIRST_AUTO, NamingError, configured_names, next_auto, share_names
 from tessera.agent.nics.report import attach_failures, clear_attach_failure, share_status_entries
 from tessera.agent.nics.shaping import Share
 from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, ClaimStatusWriter
+from tessera.agent.plugin.health import health_handler
 from tessera.agent.plugin.proto import dra_v1_pb2, pluginregistration_v1_pb2
 from tessera.agent.plugin.server import (
     DRA_V1_SERVICE,
@@ -183,6 +187,7 @@ class NicPluginConfig:
     cdi_dir: Path
     hook_executable: str = "/usr/local/bin/tessera"
     hook_in_agent_namespace: bool = False  # the agent is a container: the hook enters its mount namespace
+    health_refresh_s: float = 10.0  # the health stream repeats itself this often (the kubelet waits 30 s)
 
     @property
     def agent_pid_file(self) -> Path:
@@ -214,10 +219,12 @@ class NicKubeletPlugin:
         slices: SliceReader | None = None,
         status: ClaimStatusWriter | None = None,
         failure_poll_seconds: float = 1.0,
+        health: HealthSource | None = None,
     ) -> None:
         """``executor`` runs the blocking netlink work (default: asyncio's threads); tests give
         one whose threads live in the namespace that plays the host. ``status`` writes the claims'
-        device status (Ready at prepare; AttachFailed from the hook's reports, polled)."""
+        device status (Ready at prepare; AttachFailed from the hook's reports, polled). ``health``
+        (the NICs' link health) is served as the kubelet's health stream on the DRA socket."""
         self._executor = executor
         self._slices = slices
         self._status = status
@@ -232,6 +239,8 @@ class NicKubeletPlugin:
         self.reader = reader
         self.nics = nics
         self._servers: list[Any] = []
+        self.health = health
+        self._stopping = asyncio.Event()
 
     async def prepare(self, ref: ClaimRef, first_auto: int = FIRST_AUTO) -> tuple[list[AllocatedShare], str]:
         """The claim's shares made and its CDI spec written, or the reason (nothing left made).
@@ -320,12 +329,19 @@ class NicKubeletPlugin:
         if self._status is not None:
             self._watcher = asyncio.create_task(self._report_attach_failures(), name="nic-attach-failures")
         self._servers = [
-            await serve_on_socket(self.config.dra_socket, [self._dra_handler()]),
+            await serve_on_socket(self.config.dra_socket, [self._dra_handler(), *self._health_handlers()]),
             await serve_on_socket(self.config.registration_socket, [self._registration_handler()]),
         ]
         log.info("NIC kubelet plugin serving", dra_socket=str(self.config.dra_socket))
 
+    def _health_handlers(self) -> list[Any]:
+        if self.health is None:
+            return []
+        config = self.config
+        return [health_handler(self.health, config.node_name, config.health_refresh_s, self._stopping)]
+
     async def stop(self) -> None:
+        self._stopping.set()  # health streams end now, not after the grace period
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
