@@ -557,6 +557,31 @@ async def test_a_pod_with_three_nic_claims_sees_net1_net2_and_the_name_its_claim
                    message="nothing left after the Pod was deleted")
 
 
+async def test_an_uplink_that_goes_down_is_tainted_by_its_link_event_and_cleared_when_back(
+    real: RealCluster, namespace: str
+) -> None:
+    """The agent hears the link go down from the kernel and reports it at once: the device is
+    tainted long before the agent's 30 s resync would have read the link, and clears the same way."""
+    real.cluster.apply_objects([nic_policy()])
+
+    def taints() -> list[dict[str, Any]] | None:
+        slices = get(real, "resourceslices", "--field-selector", f"spec.nodeName={NODE_B},spec.driver={NIC_DRIVER}")
+        found = [d for s in slices["items"] for d in s["spec"].get("devices") or []
+                 if d["name"] == nic_device_name(UPLINK)]
+        return found[0].get("taints") or [] if found else None
+
+    await wait_for(lambda: taints() == [], timeout=90, interval=0.5, message="the uplink's device, untainted")
+    try:
+        started = time.monotonic()
+        await asyncio.to_thread(FABRIC.set_uplink, False)
+        [taint] = await wait_for(taints, timeout=15, interval=0.1, message="the link taint, before the resync")
+        print(f"\nlink down -> device tainted in {time.monotonic() - started:.2f}s")
+        assert (taint["key"], taint["value"], taint["effect"]) == ("nic.tessera.dev/link", "Down", "NoSchedule")
+    finally:
+        await asyncio.to_thread(FABRIC.set_uplink, True)
+    await wait_for(lambda: taints() == [], timeout=15, interval=0.1, message="the taint cleared when the link is back")
+
+
 def nic_conditions(real: RealCluster, namespace: str, pod: str) -> list[dict[str, Any]]:
     """The conditions of the pod's claim's nic.tessera.dev entries in ``status.devices``."""
     statuses = get(real, "pod", pod, "-n", namespace)["status"].get("resourceClaimStatuses") or [{}]
