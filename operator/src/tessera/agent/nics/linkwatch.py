@@ -85,7 +85,10 @@ class LinkWatcher:
                 os.close(fd)
 
     def _open(self) -> IPRSocket:
-        # flags 0: open the named namespace, never make it (pyroute2 creates a missing one by default)
+        if self._netns and not os.path.exists(f"/run/netns/{self._netns}"):
+            # Said here: pyroute2 would make a missing namespace by default, or hang on one it cannot open.
+            raise FileNotFoundError(f"no network namespace {self._netns!r}")
+        # flags 0: open the named namespace, never make it
         sock = IPRSocket(netns=self._netns, flags=0) if self._netns else IPRSocket()
         sock.bind(groups=RTMGRP_LINK)
         return sock
