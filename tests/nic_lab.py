@@ -1,7 +1,8 @@
-"""A network lab in namespaces of its own, for the shared-NIC tests: a namespace that plays the
-host (with a veth standing in for the uplink), one that plays the fabric on the far side (a
-receiver at 10.98.0.1), and Pod namespaces. Names carry a random suffix, so parallel runs and
-other users of the machine never meet; nothing is sent outside these namespaces."""
+"""A network lab in namespaces of its own, for the shared-NIC tests and the benchmark: a namespace
+that plays the host (with the fabric's veth standing in for the uplink, ``tessera.localcluster.fabric``),
+the fabric on the far side (a receiver at 10.98.0.1), and Pod namespaces. Names carry a random
+suffix, so parallel runs and other users of the machine never meet; nothing is sent outside
+these namespaces."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 
 from pyroute2 import NetNS, netns
 
+from tessera.localcluster.fabric import Fabric, fabric
+
 FABRIC_ADDRESS = "10.98.0.1"
 UPLINK = "uplink0"
 
@@ -21,8 +24,13 @@ UPLINK = "uplink0"
 @dataclass
 class Lab:
     host: str
-    fabric: str
+    net: Fabric
     pods: list[str] = field(default_factory=list)
+
+    @property
+    def fabric(self) -> str:
+        """The fabric's namespace."""
+        return self.net.netns
 
     def pod(self) -> str:
         name = f"{self.host}-p{len(self.pods)}"
@@ -54,20 +62,14 @@ class Lab:
 @contextmanager
 def network_lab() -> Iterator[Lab]:
     suffix = secrets.token_hex(3)
-    lab = Lab(host=f"tsn-h-{suffix}", fabric=f"tsn-f-{suffix}")
-    netns.create(lab.host)
-    netns.create(lab.fabric)
+    host = f"tsn-h-{suffix}"
+    netns.create(host)
+    lab: Lab | None = None
     try:
-        with NetNS(lab.host) as ip:
-            ip.link("add", ifname=UPLINK, kind="veth", peer={"ifname": "fabric0", "net_ns_fd": lab.fabric})
-            ip.link("set", index=ip.link_lookup(ifname=UPLINK)[0], state="up")
-        with NetNS(lab.fabric) as ip:
-            index = ip.link_lookup(ifname="fabric0")[0]
-            ip.addr("add", index=index, address=FABRIC_ADDRESS, prefixlen=24)
-            ip.link("set", index=index, state="up")
-            ip.link("set", index=ip.link_lookup(ifname="lo")[0], state="up")
-        yield lab
+        with fabric(UPLINK, "fabric0", f"tsn-f-{suffix}", f"{FABRIC_ADDRESS}/24", host_netns=host) as net:
+            lab = Lab(host, net)
+            yield lab
     finally:
-        for name in (*lab.pods, lab.fabric, lab.host):
+        for name in (*(lab.pods if lab else ()), host):
             with suppress(OSError):
                 netns.remove(name)

@@ -142,7 +142,7 @@ def test_every_published_device_of_a_gpu_carries_its_gpus_health() -> None:
     tracker.record_events(events(backend))
     tracker.publish(status_of(backend, tracker, spec))
 
-    response = health_response(tracker.snapshot(), NODE, now=1234, timeout_s=30)
+    response = health_response(tracker.device_health(), NODE, now=1234, timeout_s=30)
 
     by_name = {d.device.device_name: d for d in response.devices}
     assert {d.device.pool_name for d in response.devices} == {NODE}
@@ -160,7 +160,7 @@ def test_a_long_message_is_cut_to_what_the_kubelet_keeps() -> None:
     tracker.publish(status_of(backend, tracker, NodeLayoutSpec()))
     uuid = backend.inventory().gpus[0].uuid
     tracker.record_events([HealthEvent(uuid, HealthEventKind.XID, 79, message="x" * 5000)])
-    (device, _) = health_response(tracker.snapshot(), NODE, now=1, timeout_s=30).devices
+    (device, _) = health_response(tracker.device_health(), NODE, now=1, timeout_s=30).devices
     assert len(device.message) == MAX_MESSAGE
     assert device.message.endswith("...")
 

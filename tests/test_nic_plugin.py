@@ -109,6 +109,31 @@ def test_a_claim_that_holds_no_share_here_is_refused_with_the_reason(claim: dict
         share_requests(claim, REF, NODE, NICS)
 
 
+def _named(claim: dict[str, Any], parameters: dict[str, Any], requests: list[str] | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"source": "FromClaim", "opaque": {"driver": "nic.tessera.dev", "parameters": parameters}}
+    if requests is not None:
+        entry["requests"] = requests
+    claim["status"]["allocation"]["devices"]["config"] = [entry]
+    return claim
+
+
+NAMED = {"apiVersion": "nic.tessera.dev/v1alpha1", "kind": "NicShareConfig", "interfaceName": "storage0"}
+
+
+def test_a_claims_shares_are_net1_net2_in_result_order_unless_its_config_names_one() -> None:
+    two = _claim("uid-1", _result(request="a"), _result(request="b", shareID="7f0c6f1e-0000-4000-8000-000000000002"))
+    assert [s.share.interface for s in share_requests(two, REF, NODE, NICS)] == ["net1", "net2"]
+    assert [s.share.interface for s in share_requests(two, REF, NODE, NICS, first_auto=3)] == ["net3", "net4"]
+    named = _named(two, NAMED, ["a"])
+    assert [s.share.interface for s in share_requests(named, REF, NODE, NICS)] == ["storage0", "net1"]
+
+
+def test_a_share_config_that_cannot_be_used_refuses_the_claim_with_the_reason() -> None:
+    claim = _named(_claim("uid-1", _result()), {**NAMED, "interfaceName": "net7"})
+    with pytest.raises(ClaimError, match=r"ResourceClaim ns/c: NicShareConfig\.interfaceName 'net7': names net<N>"):
+        share_requests(claim, REF, NODE, NICS)
+
+
 class _Slices:
     async def node_slices(self, node: str) -> list[dict[str, Any]]:
         assert node == NODE
@@ -223,3 +248,49 @@ def _enter_netns(path: str) -> None:
             raise OSError(ctypes.get_errno(), f"setns {path}")
     finally:
         os.close(fd)
+
+
+async def test_two_claims_of_one_pod_prepared_together_become_its_net1_and_net2(lab: Lab, tmp_path: Path) -> None:
+    """The kubelet prepares a Pod's claims of one driver in one call: their shares are numbered
+    across it, and both attach into the one Pod under those names."""
+    config = NicPluginConfig(NODE, tmp_path / "registry", tmp_path / "plugins" / "nic.tessera.dev", tmp_path / "cdi")
+    family = NicFamily(config.checkpoint, UplinkShaper())
+    executor = ThreadPoolExecutor(1, initializer=_enter_netns, initargs=(f"/run/netns/{lab.host}",))
+    second = "7f0c6f1e-0000-4000-8000-000000000002"
+    claims = _Claims({"one": _claim("uid-one", _result()),
+                      "two": _named(_claim("uid-two", _result(request="a", shareID=second),
+                                           _result(request="b", shareID=second[:-1] + "3")), NAMED, ["b"])})
+    status = _Status()
+    plugin = NicKubeletPlugin(config, family, claims, lambda: NICS, executor, slices=_Slices(), status=status)
+    await plugin.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{config.dra_socket}") as channel:
+            stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
+            answer = await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[
+                dra_v1_pb2.Claim(namespace="ns", name="one", uid="uid-one"),
+                dra_v1_pb2.Claim(namespace="ns", name="two", uid="uid-two"),
+            ]))  # fmt: skip
+            assert [answer.claims[u].error for u in ("uid-one", "uid-two")] == ["", ""]
+            named = {e["networkData"]["interfaceName"] for uid in ("uid-one", "uid-two") for e in status.last(uid)}
+            assert named == {"net1", "net2", "storage0"}
+            assert [e["networkData"]["interfaceName"] for e in status.last("uid-one")] == ["net1"]
+            # Asked again (a kubelet restarted), the claims keep the names they got.
+            again = await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(claims=[
+                dra_v1_pb2.Claim(namespace="ns", name="two", uid="uid-two")]))  # fmt: skip
+            assert again.claims["uid-two"].error == ""
+            assert sorted(e["networkData"]["interfaceName"] for e in status.last("uid-two")) == ["net2", "storage0"]
+    finally:
+        await plugin.stop()
+        executor.shutdown()
+    # The attach hook's part, as the runtime runs it (outside gRPC's process: pyroute2 forks).
+    await asyncio.to_thread(_attach_both_into_one_pod, lab, config.checkpoint)
+
+
+def _attach_both_into_one_pod(lab: Lab, checkpoint: Path) -> None:
+    hook = NicFamily(checkpoint, UplinkShaper(lab.host))
+    pod = lab.pod()
+    hook.attach("uid-one", f"/run/netns/{pod}")
+    hook.attach("uid-two", f"/run/netns/{pod}")
+    assert lab.links(pod) == {"lo", "net1", "net2", "storage0"}
+    for share in hook.shares():
+        assert share.mac in lab.run(pod, "ip", "link", "show", share.interface).stdout, share

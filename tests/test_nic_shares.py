@@ -372,3 +372,32 @@ def test_a_network_with_no_free_address_refuses_the_claim_and_makes_nothing(lab:
     assert [s.claim_uid for s in family.shares()] == ["claim-a"]
     family.unprepare("claim-a")
     assert _state(lab) == baseline
+
+
+def test_a_share_whose_name_the_pod_has_already_is_refused_and_stays_as_prepared(lab: Lab, tmp_path: Path) -> None:
+    """Two claims of one Pod prepared apart (one was shared with a Pod running before) may both be
+    net1: the second attach says how to name them and leaves its share ready for a retry."""
+    family = _family(lab, tmp_path)
+    [first] = family.prepare("claim-a", [ShareRequest("s0", UPLINK, GBIT)])
+    [second] = family.prepare("claim-b", [ShareRequest("s0", UPLINK, GBIT)])
+    assert first.interface == second.interface == POD_INTERFACE
+    pod = lab.pod()
+    family.attach("claim-a", f"/run/netns/{pod}")
+    with pytest.raises(ShapingError, match="has an interface named net1 already; name the shares with"):
+        family.attach("claim-b", f"/run/netns/{pod}")
+    assert lab.links(pod) == {"lo", POD_INTERFACE}
+    assert first.mac in lab.run(pod, "ip", "link", "show", POD_INTERFACE).stdout, "the first share is untouched"
+    assert second.host_link in lab.links(lab.host), "the second is as prepared"
+    other = lab.pod()
+    family.attach("claim-b", f"/run/netns/{other}")
+    assert lab.links(other) == {"lo", POD_INTERFACE}
+
+
+def test_a_checkpoint_written_before_shares_had_names_reads_them_as_net1(tmp_path: Path) -> None:
+    path = tmp_path / "nic-checkpoint.json"
+    share = {"claim_uid": "c", "share_id": "s", "uplink": UPLINK, "rate_bps": GBIT, "ceil_bps": GBIT,
+             "class_minor": 16, "address": None, "state": "Prepared"}  # fmt: skip
+    path.write_text(json.dumps({"kind": "TesseraNicCheckpoint", "version": 1, "uplinks": [UPLINK],
+                                "shares": {"c/s": share}}))  # fmt: skip
+    [(read, _)] = load_checkpoint(path).shares.values()
+    assert read.interface == POD_INTERFACE

@@ -57,6 +57,7 @@ def test_demo_without_real_nodes_places_and_prepares_every_workload() -> None:
         "vllm-0",
     ]
     assert all("error" not in " ".join(parts) for parts in cdi)
+    assert "No shared NIC in this run: it needs real nodes" in out
 
 
 def test_demo_on_real_nodes_shows_what_each_container_printed() -> None:
@@ -81,3 +82,11 @@ def test_demo_on_real_nodes_shows_what_each_container_printed() -> None:
     assert len(devices) == 7
     assert all({"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"} <= set(d.split()) for d in devices)
     assert "nvidia1" in devices[0].split(), "llama-70b-0 holds the second H100 whole"
+    # The shared NIC: each share, the Pod holding it, its net1 and what that Pod measured.
+    assert re.search(r"^Shared NIC on demo-h100: device nic-td[0-9a-f]{6} .*NetworkSharingPolicy demo-uplink, 1G sold",
+                     out, re.M)
+    shares = re.findall(r"^  share (\S+) +<- (\S+)  net1 (10\.96\.0\.\d+/24)  measured (\d+\.\d+) Gbit/s, "
+                        r"(\d+\.\d)% of its share$", out, re.M)
+    assert [(rate, pod) for rate, pod, *_ in shares] == [("200M", "upload-0"), ("500M", "upload-1")], out
+    assert len({address for _, _, address, *_ in shares}) == 2, "each share has an address of its own"
+    assert all(float(measured) > 0 for *_, measured, _ in shares), "both Pods' traffic crossed the uplink"

@@ -38,6 +38,7 @@ from tessera.agent.nics.shaping import ifb_name
 from tessera.dra.nics import SHARED_NIC_CLASS
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait_for
+from tessera.localcluster.fabric import Fabric
 from tessera.localcluster.images import BUSYBOX_IMAGE
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
 from tessera.localcluster.ownimage import IMAGE, build_own_image, own_image_possible
@@ -166,11 +167,9 @@ async def test_the_installed_agent_pod_attaches_a_nic_share_through_its_hook_on_
     loopback address (where a cluster's kube-proxy would serve the Service's IP to the host)."""
     cluster = installed.cluster
     suffix = uuid.uuid4().hex[:6]
-    uplink, far_end, fabric = f"ti{suffix}", f"tj{suffix}", f"tessera-ifab-{suffix}"
-    await asyncio.to_thread(_run_each, ["ip", "netns", "add", fabric],
-                            ["ip", "link", "add", uplink, "type", "veth", "peer", "name", far_end],
-                            ["ip", "link", "set", far_end, "netns", fabric], ["ip", "link", "set", uplink, "up"],
-                            ["ip", "-n", fabric, "link", "set", far_end, "up"])  # else the uplink is down: tainted
+    uplink = f"ti{suffix}"
+    fabric = Fabric(uplink, f"tj{suffix}", f"tessera-ifab-{suffix}", "10.95.0.1/24")
+    await asyncio.to_thread(fabric.make)  # both ends up: else the uplink is down, its device tainted
     namespace = f"nic-{suffix}"
     try:
         cluster.kubectl("-n", INSTALL_NAMESPACE, "patch", "daemonset", "tessera-agent",
@@ -223,8 +222,7 @@ async def test_the_installed_agent_pod_attaches_a_nic_share_through_its_hook_on_
                 {"op": "replace", "path": "/spec/template/spec/dnsPolicy", "value": "ClusterFirst"}]
         cluster.kubectl("-n", INSTALL_NAMESPACE, "patch", "daemonset", "tessera-agent", "--type", "json", "-p",
                         json.dumps(undo), check=False)
-        await asyncio.to_thread(_run_each, ["ip", "link", "del", uplink], ["ip", "link", "del", ifb_name(uplink)],
-                                ["ip", "netns", "del", fabric], check=False)
+        await asyncio.to_thread(fabric.remove, [ifb_name(uplink)])
 
 
 def _run_each(*argvs: list[str], check: bool = True) -> list[str]:

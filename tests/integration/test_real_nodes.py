@@ -32,6 +32,7 @@ from tessera.agent.nics.shaping import UplinkShaper, host_link_name, ifb_name, s
 from tessera.dra.nics import NIC_DRIVER, SHARED_NIC_CLASS, nic_device_name
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, wait_for
+from tessera.localcluster.fabric import Fabric
 from tessera.localcluster.images import BUSYBOX_IMAGE
 from tessera.localcluster.nodes import KUBELET_ROOT, SIMULATED_STATE_DIR, RealNode, real_nodes_possible
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
@@ -50,8 +51,9 @@ AGENT_FLAGS = ["--health-recovery-seconds", "10"]
 # Node B's uplink: a veth in the host's network namespace (the nodes' own) whose far end sits in
 # a namespace of this run playing the fabric; names unique per run (other runs share the machine).
 _RUN = uuid.uuid4().hex[:6]
-UPLINK, FABRIC_END, FABRIC_NETNS = f"tu{_RUN}", f"tf{_RUN}", f"tessera-fabric-{_RUN}"
+UPLINK = f"tu{_RUN}"
 FABRIC_NETWORK, FABRIC_GATEWAY = "10.97.0.0/24", "10.97.0.1"  # shares get .2, .3, ... (spec.addresses)
+FABRIC = Fabric(UPLINK, f"tf{_RUN}", f"tessera-fabric-{_RUN}", f"{FABRIC_GATEWAY}/24")
 # The CDI hook runs on the node's host (the runtime's namespaces): this checkout's tessera command.
 HOOK = str(Path(sys.executable).parent / "tessera")
 NIC_FLAGS = {NODE_B: ["--nic-interfaces", UPLINK, "--nic-attach-executable", HOOK]}
@@ -111,7 +113,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
         processes = TesseraProcesses(cluster, tmp_path_factory.mktemp("real-nodes"))
         nodes: dict[str, RealNode] = {}
         try:
-            make_fabric()
+            FABRIC.make()
             for name in SIMULATE:
                 nodes[name] = RealNode.start(cluster, name)
             processes.operator()
@@ -126,26 +128,7 @@ def real(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
             processes.stop_all()
             for node in nodes.values():
                 node.stop()
-            remove_fabric()
-
-
-def make_fabric() -> None:
-    """The veth standing in for node B's NIC, its far end in a namespace of its own."""
-    remove_fabric()
-    for argv in (["ip", "netns", "add", FABRIC_NETNS],
-                 ["ip", "link", "add", UPLINK, "type", "veth", "peer", "name", FABRIC_END],
-                 ["ip", "link", "set", FABRIC_END, "netns", FABRIC_NETNS],
-                 ["ip", "-n", FABRIC_NETNS, "addr", "add", f"{FABRIC_GATEWAY}/24", "dev", FABRIC_END],
-                 ["ip", "-n", FABRIC_NETNS, "link", "set", FABRIC_END, "up"],
-                 ["ip", "link", "set", UPLINK, "up"]):
-        subprocess.run(argv, check=True, capture_output=True, text=True)
-
-
-def remove_fabric() -> None:
-    """The veth, its namespace, and the uplink's ifb should a failed test have left it."""
-    for link in (UPLINK, ifb_name(UPLINK)):
-        subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
-    subprocess.run(["ip", "netns", "del", FABRIC_NETNS], check=False, capture_output=True)
+            FABRIC.remove(also=[ifb_name(UPLINK)])
 
 
 @pytest.fixture
@@ -539,6 +522,64 @@ async def test_a_nic_share_pod_sees_net1_at_its_first_instruction_and_leaves_not
     await delete_pods(real, namespace, "nic-0")
     await wait_for(lambda: host_share_pieces(shaper) == NOTHING, timeout=60, interval=0.5,
                    message="no macvlan, class, filter or ifb left after the Pod was deleted")
+
+
+async def test_a_pod_with_three_nic_claims_sees_net1_net2_and_the_name_its_claim_gave(
+    real: RealCluster, namespace: str
+) -> None:
+    """The kubelet prepares the Pod's three claims in one call: the unnamed shares are numbered
+    across it in the Pod's order, the third is named by its claim's NicShareConfig."""
+    real.cluster.apply_objects([nic_policy()])
+    named = claim_template("nic-named", namespace, SHARED_NIC_CLASS, capacity={"bandwidth": "1G"})
+    named["spec"]["spec"]["devices"]["config"] = [{"opaque": {"driver": NIC_DRIVER, "parameters": {
+        "apiVersion": "nic.tessera.dev/v1alpha1", "kind": "NicShareConfig", "interfaceName": "storage0"}}}]
+    templates = [claim_template(f"nic-{c}", namespace, SHARED_NIC_CLASS, capacity={"bandwidth": "1G"}) for c in "ab"]
+    pod = pod_with_claim("nic-3", namespace, "nic-a", on_node(NODE_B), BUSYBOX_IMAGE, SHOW_INTERFACES)
+    pod["spec"]["resourceClaims"] = [{"name": n, "resourceClaimTemplateName": f"nic-{n}"} for n in ("a", "b", "named")]
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": n} for n in ("a", "b", "named")]
+    real.cluster.apply_objects([*templates, named, pod])
+    await wait_for(lambda: pod_phase(real, namespace, "nic-3") == "Running" and "ready" in logs(
+        real, namespace, "nic-3"), timeout=120, interval=0.5, message="nic-3 running and printing its interfaces")
+    printed = logs(real, namespace, "nic-3").splitlines()
+    listed = printed[:printed.index(next(line for line in printed if ": " in line))]
+    assert sorted(listed) == ["eth0", "lo", "net1", "net2", "storage0"], f"the first thing the container saw: {printed}"
+    by_claim = {}
+    for status in get(real, "pod", "nic-3", "-n", namespace)["status"]["resourceClaimStatuses"]:
+        claim = get(real, "resourceclaim", status["resourceClaimName"], "-n", namespace)
+        [entry] = [d for d in claim["status"]["devices"] if d["driver"] == NIC_DRIVER]
+        by_claim[status["name"]] = entry["networkData"]["interfaceName"]
+        [line] = [ln for ln in printed if re.match(rf"\d+: {by_claim[status['name']]}@", ln)]
+        assert entry["networkData"]["hardwareAddress"] in line, (status["name"], line)
+    assert by_claim == {"a": "net1", "b": "net2", "named": "storage0"}
+    await delete_pods(real, namespace, "nic-3")
+    shaper = UplinkShaper()
+    await wait_for(lambda: host_share_pieces(shaper) == NOTHING, timeout=60, interval=0.5,
+                   message="nothing left after the Pod was deleted")
+
+
+async def test_an_uplink_that_goes_down_is_tainted_by_its_link_event_and_cleared_when_back(
+    real: RealCluster, namespace: str
+) -> None:
+    """The agent hears the link go down from the kernel and reports it at once: the device is
+    tainted long before the agent's 30 s resync would have read the link, and clears the same way."""
+    real.cluster.apply_objects([nic_policy()])
+
+    def taints() -> list[dict[str, Any]] | None:
+        slices = get(real, "resourceslices", "--field-selector", f"spec.nodeName={NODE_B},spec.driver={NIC_DRIVER}")
+        found = [d for s in slices["items"] for d in s["spec"].get("devices") or []
+                 if d["name"] == nic_device_name(UPLINK)]
+        return found[0].get("taints") or [] if found else None
+
+    await wait_for(lambda: taints() == [], timeout=90, interval=0.5, message="the uplink's device, untainted")
+    try:
+        started = time.monotonic()
+        await asyncio.to_thread(FABRIC.set_uplink, False)
+        [taint] = await wait_for(taints, timeout=15, interval=0.1, message="the link taint, before the resync")
+        print(f"\nlink down -> device tainted in {time.monotonic() - started:.2f}s")
+        assert (taint["key"], taint["value"], taint["effect"]) == ("nic.tessera.dev/link", "Down", "NoSchedule")
+    finally:
+        await asyncio.to_thread(FABRIC.set_uplink, True)
+    await wait_for(lambda: taints() == [], timeout=15, interval=0.1, message="the taint cleared when the link is back")
 
 
 def nic_conditions(real: RealCluster, namespace: str, pod: str) -> list[dict[str, Any]]:

@@ -15,7 +15,13 @@ and, at every inventory, what a probe can tell right now (a lost GPU does not an
 
 It also keeps, per GPU, the names of the devices published for it (from the status the agent
 wrote), so the kubelet plugin's health stream (``NodeWatchResources``) can report every
-device; subscribers are woken on every change. Thread-safe: events arrive on the health thread.
+device (``device_health``); subscribers are woken on every change. Thread-safe: events arrive
+on the health thread.
+
+What a health stream needs of any device family is ``HealthSource``: the devices' health now
+(``DeviceHealth``) and ``ChangeListeners`` to wake it; the NIC family's link health
+(``tessera.agent.nics.health``) is the other source, served by the same stream code
+(``tessera.agent.plugin.health``).
 Not for: reading GPUs (the backends), or writing status (``tessera.agent.status``).
 """
 
@@ -26,10 +32,57 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from tessera.agent.backends.base import HealthEvent, HealthEventKind, Inventory
 from tessera.dra.devices import build_gpu_devices
 from tessera.models.layout import Health, NodeLayoutStatus
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """One published device's health, as a health stream reports it."""
+
+    device: str
+    healthy: bool
+    message: str = ""  # why it is not healthy
+
+
+class ChangeListeners:
+    """asyncio Events to set whenever something changes; ``notify`` may be called from any
+    thread, and sets each event on the loop that subscribed it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    def subscribe(self) -> asyncio.Event:
+        """An event set on every change; call from the loop that waits on it."""
+        event = asyncio.Event()
+        with self._lock:
+            self._listeners.append((asyncio.get_running_loop(), event))
+        return event
+
+    def unsubscribe(self, event: asyncio.Event) -> None:
+        with self._lock:
+            self._listeners = [(loop, e) for loop, e in self._listeners if e is not event]
+
+    def notify(self) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for loop, event in listeners:
+            if not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
+
+
+class HealthSource(Protocol):
+    """What a health stream reads: every device's health now, and a wake-up on each change."""
+
+    def device_health(self) -> list[DeviceHealth]: ...
+
+    def subscribe(self) -> asyncio.Event: ...
+
+    def unsubscribe(self, event: asyncio.Event) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +116,7 @@ class HealthTracker:
         self._marks: dict[str, _Mark] = {}
         self._gpus: dict[str, GpuHealth] = {}
         self._seeded = False
-        self._listeners: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._listeners = ChangeListeners()
         self.recoveries = 0  # GPUs cleared since start (metrics)
 
     # -- input --
@@ -166,20 +219,21 @@ class HealthTracker:
         with self._lock:
             return {uuid: m.health for uuid, m in self._marks.items()}
 
+    def device_health(self) -> list[DeviceHealth]:
+        """Every published device of every GPU, with its GPU's health (``HealthSource``)."""
+        out: list[DeviceHealth] = []
+        for gpu in self.snapshot():
+            healthy = gpu.health is Health.HEALTHY
+            message = "" if healthy else f"GPU {gpu.index} ({gpu.uuid}) is {gpu.health.value}: {gpu.message}"
+            out.extend(DeviceHealth(name, healthy, message) for name in gpu.devices)
+        return out
+
     def subscribe(self) -> asyncio.Event:
         """An event set on every change; call from the loop that waits on it."""
-        event = asyncio.Event()
-        with self._lock:
-            self._listeners.append((asyncio.get_running_loop(), event))
-        return event
+        return self._listeners.subscribe()
 
     def unsubscribe(self, event: asyncio.Event) -> None:
-        with self._lock:
-            self._listeners = [(loop, e) for loop, e in self._listeners if e is not event]
+        self._listeners.unsubscribe(event)
 
     def _notify(self) -> None:
-        with self._lock:
-            listeners = list(self._listeners)
-        for loop, event in listeners:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(event.set)
+        self._listeners.notify()

@@ -23,6 +23,7 @@ from tessera.agent.backends.base import BackendError, DeviceBackend
 from tessera.agent.backends.simstate import parse_simulate_spec
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.health import HealthTracker
+from tessera.agent.nics.health import NicHealth
 from tessera.agent.nics.simulated import simulated_nics
 from tessera.agent.nics.spec import nic_items
 from tessera.agent.nics.sysfs import discover_nics
@@ -34,6 +35,7 @@ from tessera.log import configure_logging
 from tessera.models.nics import LinkState, NicStatus
 
 if TYPE_CHECKING:
+    from tessera.agent.nics.linkwatch import LinkWatcher
     from tessera.agent.nics.plugin import NicKubeletPlugin, NicPluginConfig
 
 log = structlog.get_logger("tessera.agent")
@@ -206,7 +208,7 @@ def make_nic_plugin_config(args: argparse.Namespace) -> NicPluginConfig:
 
 
 def make_nic_plugin(
-    args: argparse.Namespace, api: KubeClient, nics: Callable[[], Sequence[NicStatus]]
+    args: argparse.Namespace, api: KubeClient, nics: Callable[[], Sequence[NicStatus]], health: NicHealth | None = None
 ) -> NicKubeletPlugin:
     """The NIC family's kubelet plugin, its folder beside the GPU plugin's."""
     from tessera.agent.nics.family import NicFamily
@@ -218,7 +220,30 @@ def make_nic_plugin(
     config = make_nic_plugin_config(args)
     family = NicFamily(config.checkpoint, UplinkShaper())
     status = KubeClaimStatusWriter(api, f"{NIC_DRIVER}/{config.node_name}"[:128])
-    return NicKubeletPlugin(config, family, KubeClaimReader(api), nics, slices=KubeSliceReader(api), status=status)
+    return NicKubeletPlugin(config, family, KubeClaimReader(api), nics, slices=KubeSliceReader(api), status=status,
+                            health=health)  # fmt: skip
+
+
+def watch_nic_links(args: argparse.Namespace, health: NicHealth, agent: NodeAgent) -> LinkWatcher | None:
+    """Link events of the host's NICs (not of simulated ones): a change of a NIC the agent reports
+    updates its health at once and runs a pass for it (the status, then the operator's taint); a
+    lost event runs a pass too, which reads every link."""
+    if nic_items(args.simulate or ""):
+        return None
+    from tessera.agent.nics.linkwatch import LinkWatcher
+
+    def on_link(interface: str, state: LinkState) -> None:
+        if health.link_changed(interface, state):
+            log.info("NIC link changed", interface=interface, link=state.value)
+            agent.request_resync()
+
+    watcher = LinkWatcher(on_link, on_overflow=agent.request_resync)
+    try:
+        watcher.start()
+    except (RuntimeError, TimeoutError) as error:  # the passes still read every link
+        log.warning("cannot watch link events; NIC links are read at each pass only", error=str(error))
+        return None
+    return watcher
 
 
 def make_backend(args: argparse.Namespace) -> DeviceBackend:
@@ -245,7 +270,10 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClie
         health_recovery_seconds=args.health_recovery_seconds,
     )
     agent = NodeAgent(config, backend, api, HealthTracker(config.health_recovery_seconds))
-    agent.nic_inventory = make_nic_inventory(args)
+    nic_inventory = make_nic_inventory(args)
+    nic_health = NicHealth()
+    agent.nic_inventory = nic_health.observing(nic_inventory) if nic_inventory is not None else None
+    link_watcher = watch_nic_links(args, nic_health, agent) if nic_inventory is not None else None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
@@ -277,11 +305,13 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClie
             if plugin_task in done:
                 plugin_task.result()  # it failed to start: raise why
             if agent.nic_inventory is not None:  # the NIC family's plugin, driver nic.tessera.dev
-                nic_plugin = make_nic_plugin(args, api, agent.nic_inventory)
+                nic_plugin = make_nic_plugin(args, api, agent.nic_inventory, nic_health)
                 await nic_plugin.start()
         await agent.run()
     finally:
         agent.stop()
+        if link_watcher is not None:
+            link_watcher.stop()
         if nic_plugin is not None:
             await nic_plugin.stop()
         if plugin_task is not None:

@@ -33,10 +33,12 @@ from typing import Any
 import yaml
 
 from tessera import DRIVER_NAME
+from tessera.cli.demo_nics import DemoNic, why_no_nic
 from tessera.cli.kubelet_standin import ClaimRef, prepare
 from tessera.dra.deviceclasses import device_classes
 from tessera.localcluster import LocalCluster, LocalClusterError, ensure_binaries
 from tessera.localcluster.cluster import CONTROLLERS, WORKLOAD_CONTROLLERS, ExistingCluster, kubectl_for
+from tessera.localcluster.fabric import FabricError
 from tessera.localcluster.images import BUSYBOX_IMAGE
 from tessera.localcluster.nodebuild import NodeBinaries, ensure_node_binaries
 from tessera.localcluster.nodes import RealNode, real_nodes_possible
@@ -236,7 +238,14 @@ def _run(args: argparse.Namespace) -> int:
                 cluster.add_node(node.name, labels=node.labels)
     processes = TesseraProcesses(target, folder)
     real = cluster is not None and not why_not
+    nic: DemoNic | None = None
+    why_no_shared_nic = why_no_nic(real)
     try:
+        if why_no_shared_nic is None:
+            try:
+                nic = DemoNic.start()
+            except FabricError as error:
+                why_no_shared_nic = f"its fabric could not be made: {error}"
         if real and cluster is not None:
             _say("Starting 3 real nodes: a kubelet, containerd and runc each...")
             for node in nodes:
@@ -254,13 +263,15 @@ def _run(args: argparse.Namespace) -> int:
         processes.operator()
         for index, node in enumerate(nodes):
             if real:
-                processes.agent_on(real_nodes[index], node.simulate)
+                processes.agent_on(real_nodes[index], node.simulate, nic.agent_flags(node.name) if nic else None)
             else:
                 processes.agent(node.name, node.simulate)
         _say("Applying SharingPolicies and workloads...")
         target.apply_objects(list(yaml.safe_load_all(POLICIES)))
         pods = [w for w in workloads(real) if w["kind"] == "Pod"]
         target.apply_objects([w for w in workloads(real) if w["kind"] != "Pod"])
+        if nic is not None:  # its Pods start beside the GPU ones
+            target.apply_objects(nic.objects(NAMESPACE))
         _wait_ready(target, [p["metadata"]["name"] for p in yaml.safe_load_all(POLICIES)], args.timeout, processes)
         target.apply_objects(pods)
         _wait_placed(target, [p["metadata"]["name"] for p in pods], args.timeout)
@@ -276,6 +287,12 @@ def _run(args: argparse.Namespace) -> int:
         _wait_agents_caught_up(target, [n.name for n in nodes], args.timeout)
         _say("")
         _say(picture(target, [n.name for n in nodes]))
+        if nic is not None:
+            _say("Measuring the shared NIC: both Pods send flat out for a few seconds...")
+            for line in nic.show(target, NAMESPACE, args.timeout):
+                _say(line)
+        else:
+            _say(f"No shared NIC in this run: {why_no_shared_nic}")
         if real:
             _say("What each container printed (kubectl logs): its device variables and /dev/nvidia* nodes")
             for line in container_output(target, sorted(p["metadata"]["name"] for p in pods)):
@@ -301,6 +318,8 @@ def _run(args: argparse.Namespace) -> int:
         processes.stop_all()
         for real_node in real_nodes:
             real_node.stop()
+        if nic is not None:
+            nic.stop()
         if cluster is not None:
             cluster.stop()
 

@@ -8,7 +8,7 @@ Order of work, so that a crash at any point leaves something ``recover`` can fin
   removes what this claim made (``make_share`` is all-or-nothing per share) and forgets it.
 - addresses: a share asks for a fixed one, or for the lowest free one of its policy's network
   (``spec.addresses``; free: held by no share in the checkpoint), chosen under the lock, so two
-  claims never get one address; attach puts it on ``net1``.
+  claims never get one address; attach puts it on the share's interface (``net1``, …).
 - unprepare: the shares are written ``Unpreparing``, removed, forgotten; an uplink left with no
   share is released before it leaves the checkpoint.
 - recover (agent start): every share not ``Prepared`` is removed and forgotten, and a sweep
@@ -41,7 +41,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from tessera.agent.nics.shaping import ShapingError, Share, UplinkShaper, free_class_minor
+from tessera.agent.nics.shaping import POD_INTERFACE, ShapingError, Share, UplinkShaper, free_class_minor
 from tessera.dra.nics import NIC_DRIVER
 from tessera.models.nics import NicStatus
 
@@ -66,6 +66,7 @@ class ShareRequest:
     ceil_bps: int | None = None  # the policy's ceiling; None: the share's own rate
     address: str | None = None  # this address ("10.20.0.5/24"), or
     cidr: str | None = None  # the next free one of this network (the policy's spec.addresses), or none
+    interface: str = POD_INTERFACE  # its name in the Pod (tessera.agent.nics.naming)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +180,8 @@ class NicFamily:
             if address is None and request.cidr is not None:
                 address = free_address(request.cidr, addresses)
                 addresses.add(address.split("/")[0])
-            made.append(Share(claim_uid, request.share_id, request.uplink, request.rate_bps, ceiling, minor, address))
+            made.append(Share(claim_uid, request.share_id, request.uplink, request.rate_bps, ceiling, minor, address,
+                              request.interface))
         return made
 
     def _forget(self, checkpoint: NicCheckpoint, gone: Sequence[Share]) -> None:

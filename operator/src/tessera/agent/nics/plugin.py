@@ -3,12 +3,16 @@ plugin's (``<registry>/nic.tessera.dev-reg.sock``, ``<plugins>/nic.tessera.dev/d
 
 NodePrepareResources reads each claim (and the node's NIC slice, for the policy's ceiling the
 device publishes), takes its results of our driver on this node (the device
-names the NIC, ``consumedCapacity.bandwidth`` the rate, ``shareID`` the share), has
+names the NIC, ``consumedCapacity.bandwidth`` the rate, ``shareID`` the share; its interface
+name comes from the claim's NicShareConfig or is ``net<N>``, numbered across the call's claims:
+``naming``), has
 ``NicFamily`` make the shares (macvlan, classes, filters, checkpoint), and writes one CDI spec
 per claim whose devices carry the ``createRuntime`` hook that attaches them to the Pod
 (``tessera nic-attach``); the answer gives each device its CDI ID and share ID, and the claim's
 ``status.devices`` says Ready (or AttachFailed, from the hook's reports: ``report``). Unprepare
 undoes all of it. Every claim gets its own answer; a claim that cannot be prepared leaves nothing made.
+The same socket serves the kubelet's health stream (``NodeWatchResources``) from the NICs' link
+health (``tessera.agent.nics.health``), with the GPU plugin's stream code.
 
 Pure parts (``share_requests``, ``nic_cdi_spec``) take values and return values.
 Not for: GPUs (``tessera.agent.plugin``) or the netlink work (``tessera.agent.nics.shaping``).
@@ -32,10 +36,13 @@ import grpc
 import structlog
 
 from tessera import RESOURCE_GROUP, RESOURCE_VERSION
+from tessera.agent.health import HealthSource
 from tessera.agent.nics.family import NicFamily, ShareRequest, attach_hook
+from tessera.agent.nics.naming import FIRST_AUTO, NamingError, configured_names, next_auto, share_names
 from tessera.agent.nics.report import attach_failures, clear_attach_failure, share_status_entries
 from tessera.agent.nics.shaping import Share
 from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, ClaimStatusWriter
+from tessera.agent.plugin.health import health_handler
 from tessera.agent.plugin.proto import dra_v1_pb2, pluginregistration_v1_pb2
 from tessera.agent.plugin.server import (
     DRA_V1_SERVICE,
@@ -76,10 +83,12 @@ def share_requests(
     nics: Sequence[NicStatus],
     ceilings: Mapping[str, int] | None = None,
     cidrs: Mapping[str, str] | None = None,
+    first_auto: int = FIRST_AUTO,
 ) -> list[AllocatedShare]:
     """The NIC shares ``claim`` holds on ``node``, each with its device's ceiling (``ceilings``:
-    device name -> bits per second) and address network (``cidrs``: device name -> CIDR);
-    ClaimError says why there are none to make."""
+    device name -> bits per second), address network (``cidrs``: device name -> CIDR) and
+    interface name (the claim's NicShareConfig, else ``net<N>`` counting from ``first_auto``:
+    ``tessera.agent.nics.naming``); ClaimError says why there are none to make."""
     if claim.get("metadata", {}).get("uid") != ref.uid:
         raise ClaimError(f"ResourceClaim {ref} was deleted and created again; the Pod must be recreated")
     allocation = (claim.get("status") or {}).get("allocation")
@@ -88,9 +97,13 @@ def share_requests(
     results = allocation_results(claim, NIC_DRIVER, include_admin_access=True)  # the rules every family shares
     if not results:
         raise ClaimError(f"ResourceClaim {ref} has no device of driver {NIC_DRIVER}")
+    try:
+        interfaces = share_names([r.request for r in results], configured_names(claim, NIC_DRIVER), first_auto)
+    except NamingError as error:
+        raise ClaimError(f"ResourceClaim {ref}: {error}") from error
     by_device = {nic_device_name(n.interface): n for n in nics}
     shares = []
-    for result in results:
+    for result, interface in zip(results, interfaces, strict=True):
         if result.pool != node:
             raise ClaimError(f"ResourceClaim {ref} holds a NIC of node {result.pool}, but this is node {node}")
         nic = by_device.get(result.device)
@@ -102,7 +115,7 @@ def share_requests(
         share_id = result.share_id or result.request
         request = ShareRequest(
             share_id, nic.interface, parse_quantity(bandwidth), ceil_bps=(ceilings or {}).get(result.device),
-            cidr=(cidrs or {}).get(result.device),
+            cidr=(cidrs or {}).get(result.device), interface=interface,
         )  # fmt: skip
         shares.append(AllocatedShare(result.request.split("/", 1)[0], result.device, request))
     return shares
@@ -174,6 +187,7 @@ class NicPluginConfig:
     cdi_dir: Path
     hook_executable: str = "/usr/local/bin/tessera"
     hook_in_agent_namespace: bool = False  # the agent is a container: the hook enters its mount namespace
+    health_refresh_s: float = 10.0  # the health stream repeats itself this often (the kubelet waits 30 s)
 
     @property
     def agent_pid_file(self) -> Path:
@@ -205,10 +219,12 @@ class NicKubeletPlugin:
         slices: SliceReader | None = None,
         status: ClaimStatusWriter | None = None,
         failure_poll_seconds: float = 1.0,
+        health: HealthSource | None = None,
     ) -> None:
         """``executor`` runs the blocking netlink work (default: asyncio's threads); tests give
         one whose threads live in the namespace that plays the host. ``status`` writes the claims'
-        device status (Ready at prepare; AttachFailed from the hook's reports, polled)."""
+        device status (Ready at prepare; AttachFailed from the hook's reports, polled). ``health``
+        (the NICs' link health) is served as the kubelet's health stream on the DRA socket."""
         self._executor = executor
         self._slices = slices
         self._status = status
@@ -223,16 +239,20 @@ class NicKubeletPlugin:
         self.reader = reader
         self.nics = nics
         self._servers: list[Any] = []
+        self.health = health
+        self._stopping = asyncio.Event()
 
-    async def prepare(self, ref: ClaimRef) -> tuple[list[AllocatedShare], str]:
-        """The claim's shares made and its CDI spec written, or the reason (nothing left made)."""
+    async def prepare(self, ref: ClaimRef, first_auto: int = FIRST_AUTO) -> tuple[list[AllocatedShare], str]:
+        """The claim's shares made and its CDI spec written, or the reason (nothing left made).
+        Shares the claim does not name are ``net<N>`` from ``first_auto`` on (see ``naming``)."""
         try:
             claim = await self.reader.read_claim(ref.namespace, ref.name)
             if claim is None:
                 raise ClaimError(f"ResourceClaim {ref} does not exist")
             slices = await self._slices.node_slices(self.config.node_name) if self._slices else []
             shares = share_requests(
-                claim, ref, self.config.node_name, self.nics(), device_ceilings(slices), device_cidrs(slices)
+                claim, ref, self.config.node_name, self.nics(), device_ceilings(slices), device_cidrs(slices),
+                first_auto,
             )
             made: list[Share] = await self._blocking(self.family.prepare, ref.uid, [s.share for s in shares])
             pid_file = self.config.agent_pid_file if self.config.hook_in_agent_namespace else None
@@ -251,6 +271,11 @@ class NicKubeletPlugin:
         self._prepared[ref.uid] = (ref, devices)
         await self._write_status(ref.uid, None)
         return shares, ""
+
+    def interfaces(self, claim_uid: str) -> list[str]:
+        """The interface names of the claim's prepared shares (none: not prepared by this process)."""
+        _, devices = self._prepared.get(claim_uid, (None, []))
+        return [share.interface for _, share in devices]
 
     async def _write_status(self, claim_uid: str, attach_failure: str | None) -> None:
         """The claim's NIC entries in ``status.devices``: Ready, or AttachFailed with the reason."""
@@ -304,12 +329,19 @@ class NicKubeletPlugin:
         if self._status is not None:
             self._watcher = asyncio.create_task(self._report_attach_failures(), name="nic-attach-failures")
         self._servers = [
-            await serve_on_socket(self.config.dra_socket, [self._dra_handler()]),
+            await serve_on_socket(self.config.dra_socket, [self._dra_handler(), *self._health_handlers()]),
             await serve_on_socket(self.config.registration_socket, [self._registration_handler()]),
         ]
         log.info("NIC kubelet plugin serving", dra_socket=str(self.config.dra_socket))
 
+    def _health_handlers(self) -> list[Any]:
+        if self.health is None:
+            return []
+        config = self.config
+        return [health_handler(self.health, config.node_name, config.health_refresh_s, self._stopping)]
+
     async def stop(self) -> None:
+        self._stopping.set()  # health streams end now, not after the grace period
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -327,8 +359,10 @@ class NicKubeletPlugin:
 
         async def prepare(request: Any, context: Any) -> Any:
             response = pb.NodePrepareResourcesResponse()
+            first_auto = FIRST_AUTO  # one call: one Pod's claims, in its order (see naming)
             for claim in request.claims:
-                shares, error = await self.prepare(ClaimRef(claim.namespace, claim.name, claim.uid))
+                shares, error = await self.prepare(ClaimRef(claim.namespace, claim.name, claim.uid), first_auto)
+                first_auto = max(first_auto, next_auto(self.interfaces(claim.uid)))
                 entry = response.claims[claim.uid]
                 if error:
                     entry.error = error

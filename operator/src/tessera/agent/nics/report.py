@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tessera.agent.nics.shaping import POD_INTERFACE, Share
+from tessera.agent.nics.shaping import Share
 from tessera.dra.nics import NIC_DRIVER
 
 FAILURES_FOLDER = "attach-failures"
@@ -67,24 +67,24 @@ def share_status_entries(
     pool: str, devices: Sequence[tuple[str, Share]], now: str, attach_failure: str | None = None
 ) -> list[dict[str, Any]]:
     """The claim's ``status.devices`` entries for its shares (``devices``: device name and share):
-    ``Ready=True`` (prepared; attached as ``net1`` when the Pod starts) or ``Ready=False,
+    ``Ready=True`` (prepared; attached under its interface name when the Pod starts) or ``Ready=False,
     AttachFailed`` with the hook's reason, and ``data`` naming the interface, MAC, uplink and rates."""
     entries = []
     for device, share in devices:
         if attach_failure is None:
             condition = {"type": "Ready", "status": "True", "reason": "Prepared",
-                         "message": f"{share.rate_bps} bit/s of {share.uplink}, {POD_INTERFACE} in the Pod"}
+                         "message": f"{share.rate_bps} bit/s of {share.uplink}, {share.interface} in the Pod"}
         else:
             condition = {"type": "Ready", "status": "False", "reason": "AttachFailed",
                          "message": attach_failure[:1024]}
         entries.append({
             "driver": NIC_DRIVER, "pool": pool, "device": device, "shareID": share.share_id,
             "conditions": [{**condition, "lastTransitionTime": now}],
-            "data": {"interface": POD_INTERFACE, "mac": share.mac, "uplink": share.uplink,
+            "data": {"interface": share.interface, "mac": share.mac, "uplink": share.uplink,
                      "rateBps": share.rate_bps, "ceilBps": share.ceil_bps,
                      **({"address": share.address} if share.address else {})},
             # DRA's own place for a network device: what the Pod's interface is called and has.
-            "networkData": {"interfaceName": POD_INTERFACE, "hardwareAddress": share.mac,
+            "networkData": {"interfaceName": share.interface, "hardwareAddress": share.mac,
                             **({"ips": [share.address]} if share.address else {})},
         })  # fmt: skip
     return entries

@@ -13,7 +13,8 @@ Per share: a macvlan of the uplink (bridge mode, ``tsn<hash>``, its MAC derived 
 claim and share), made down in the host namespace at prepare; HTB class ``1:<minor>`` with
 ``rate`` = the share and ``ceil`` = the policy's ceiling (or the share) on both the uplink and
 the ifb; two u32 filters (priority ``<minor>``). At attach the macvlan moves into the Pod's
-network namespace as ``net1`` and comes up. Every qdisc, class and filter stays in the host
+network namespace under the share's interface name (``net1``, ``net2``, … or the claim's own:
+``tessera.agent.nics.naming``) and comes up. Every qdisc, class and filter stays in the host
 namespace, where the Pod cannot reach it. Unclassified traffic (the host's own) is not shaped.
 
 pyroute2 (pinned) speaks netlink for links, qdiscs and classes. The two MAC filters go through
@@ -70,6 +71,7 @@ class Share:
     ceil_bps: int
     class_minor: int
     address: str | None = None  # "10.20.0.5/24", or None for L2 use
+    interface: str = POD_INTERFACE  # its name in the Pod (tessera.agent.nics.naming)
 
     @property
     def key(self) -> str:
@@ -282,7 +284,7 @@ class UplinkShaper:
                         ip.link("del", index=link)
 
     def attach(self, share: Share, pod_netns_path: str) -> None:
-        """Move the share's macvlan into the Pod's namespace as ``net1``, addressed and up.
+        """Move the share's macvlan into the Pod's namespace as ``share.interface``, addressed and up.
         Already there: nothing to do. On failure the macvlan is back in this namespace, down,
         as prepare left it, so that the runtime's retry can attach it again."""
         if _same_namespace(pod_netns_path, self._netns_path()):
@@ -298,6 +300,7 @@ class UplinkShaper:
                 if self._attached(share, pod_netns_path):
                     return
                 raise ShapingError(f"share {share.key}: its interface {share.host_link} is not prepared")
+            self._refuse_taken_name(share, pod_netns_path)
             try:
                 fd = os.open(pod_netns_path, os.O_RDONLY)
                 try:
@@ -313,7 +316,7 @@ class UplinkShaper:
                 if moved is None:
                     raise ShapingError(f"share {share.key}: {share.host_link} vanished while moving")
                 self._step("rename")
-                pod.link("set", index=moved, ifname=POD_INTERFACE)
+                pod.link("set", index=moved, ifname=share.interface)
                 if share.address:
                     self._step("address")
                     host, prefix = share.address.split("/")
@@ -323,6 +326,21 @@ class UplinkShaper:
         except Exception as error:
             self._undo_attach(share, pod_netns_path)
             raise ShapingError(f"share {share.key}: attach to {pod_netns_path} failed: {error}") from error
+
+    @staticmethod
+    def _refuse_taken_name(share: Share, pod_netns_path: str) -> None:
+        """Another interface of the Pod has the share's name already (a claim of this Pod that
+        was prepared on its own, with the same ``net<N>``): refused before anything moves."""
+        try:
+            with _in_netns(pod_netns_path) as pod:
+                taken = bool(pod.link_lookup(ifname=share.interface))
+        except (OSError, NetlinkError) as error:
+            raise ShapingError(f"share {share.key}: cannot read {pod_netns_path}: {error}") from error
+        if taken:
+            raise ShapingError(
+                f"share {share.key}: the Pod has an interface named {share.interface} already; name the shares "
+                "with a NicShareConfig interfaceName in the claims' opaque config (nic.tessera.dev)"
+            )
 
     def _netns_path(self) -> str:
         return f"/run/netns/{self._netns}" if self._netns else "/proc/self/ns/net"

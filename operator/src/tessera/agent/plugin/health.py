@@ -1,13 +1,15 @@
-"""The kubelet's device-health stream (``v1alpha1.DRAResourceHealth/NodeWatchResources``),
-served from the agent's ``HealthTracker``.
+"""The kubelet's device-health stream (``v1alpha1.DRAResourceHealth/NodeWatchResources``), for
+any device family: served from a ``HealthSource`` (``tessera.agent.health``), the agent's GPU
+``HealthTracker`` for ``gpu.tessera.dev`` and the NICs' link health for ``nic.tessera.dev``.
 
 The kubelet opens one stream per plugin and shows what it hears in
 ``pod.status.containerStatuses[].allocatedResourcesStatus``. It marks a device ``Unknown`` when
 it has heard nothing about it for 30 s, so the stream sends every device of the node on
-connect, again at once on every change (a GPU goes unhealthy or lost, or recovers; a new
-layout publishes other devices), and again every ``refresh_s`` seconds in between. Every
-published device of a GPU has that GPU's health. ``health_response`` is the pure part.
-Not for: deciding health (``tessera.agent.health``).
+connect, again at once on every change (a GPU goes unhealthy or lost, or recovers; a link goes
+down; a new layout publishes other devices), and again every ``refresh_s`` seconds in between.
+``health_response`` is the pure part; ``health_handler`` is the gRPC service either plugin adds
+to its DRA socket.
+Not for: deciding health (``tessera.agent.health``, ``tessera.agent.nics.health``).
 """
 
 from __future__ import annotations
@@ -16,44 +18,46 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
-from tessera.agent.health import GpuHealth, HealthTracker
+import grpc
+
+from tessera.agent.health import DeviceHealth, HealthSource
 from tessera.agent.plugin.proto import dra_health_v1alpha1_pb2 as pb
-from tessera.models.layout import Health
 
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 MAX_MESSAGE = 1024  # what the kubelet keeps
 
 
-def health_response(gpus: Sequence[GpuHealth], pool: str, now: int, timeout_s: int) -> pb.NodeWatchResourcesResponse:
-    """One message: every published device of every GPU, with its GPU's health."""
+def health_response(
+    devices: Sequence[DeviceHealth], pool: str, now: int, timeout_s: int
+) -> pb.NodeWatchResourcesResponse:
+    """One message: every device, with its health."""
     response = pb.NodeWatchResourcesResponse()
-    for gpu in gpus:
-        healthy = gpu.health is Health.HEALTHY
-        message = "" if healthy else f"GPU {gpu.index} ({gpu.uuid}) is {gpu.health.value}: {gpu.message}"
+    for device in devices:
+        message = device.message
         if len(message) > MAX_MESSAGE:
             message = message[: MAX_MESSAGE - 3] + "..."
-        for name in gpu.devices:
-            response.devices.add(
-                device=pb.DeviceIdentifier(pool_name=pool, device_name=name),
-                health=pb.HEALTHY if healthy else pb.UNHEALTHY,
-                last_updated_time=now,
-                health_check_timeout_seconds=timeout_s,
-                message=message,
-            )
+        response.devices.add(
+            device=pb.DeviceIdentifier(pool_name=pool, device_name=device.device),
+            health=pb.HEALTHY if device.healthy else pb.UNHEALTHY,
+            last_updated_time=now,
+            health_check_timeout_seconds=timeout_s,
+            message="" if device.healthy else message,
+        )
     return response
 
 
 async def watch_resources(
-    tracker: HealthTracker, pool: str, refresh_s: float, stopping: asyncio.Event
+    source: HealthSource, pool: str, refresh_s: float, stopping: asyncio.Event
 ) -> AsyncIterator[pb.NodeWatchResourcesResponse]:
     """The stream: now, on every change, and every ``refresh_s``; ends when ``stopping`` is set."""
-    changed = tracker.subscribe()
+    changed = source.subscribe()
     timeout_s = max(1, int(3 * refresh_s))  # three refreshes may be lost before the kubelet doubts us
     try:
         while not stopping.is_set():
             changed.clear()
-            yield health_response(tracker.snapshot(), pool, int(time.time()), timeout_s)
+            yield health_response(source.device_health(), pool, int(time.time()), timeout_s)
             waits = {asyncio.ensure_future(changed.wait()), asyncio.ensure_future(stopping.wait())}
             try:
                 await asyncio.wait(waits, timeout=refresh_s, return_when=asyncio.FIRST_COMPLETED)
@@ -63,4 +67,23 @@ async def watch_resources(
                     with contextlib.suppress(asyncio.CancelledError):
                         await w
     finally:
-        tracker.unsubscribe(changed)
+        source.unsubscribe(changed)
+
+
+def health_handler(source: HealthSource, pool: str, refresh_s: float, stopping: asyncio.Event) -> Any:
+    """The ``DRAResourceHealth`` service over ``source``'s devices of ``pool``."""
+
+    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:  # grpc wants an async generator function
+        async for message in watch_resources(source, pool, refresh_s, stopping):
+            yield message
+
+    return grpc.method_handlers_generic_handler(
+        HEALTH_SERVICE,
+        {
+            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                stream,
+                request_deserializer=pb.NodeWatchResourcesRequest.FromString,
+                response_serializer=pb.NodeWatchResourcesResponse.SerializeToString,
+            )
+        },
+    )

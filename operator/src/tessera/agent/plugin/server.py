@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -43,10 +43,9 @@ from tessera.agent.plugin.claims import (
     KubeClaimStatusWriter,
 )
 from tessera.agent.plugin.hardware import PluginBackend
-from tessera.agent.plugin.health import HEALTH_SERVICE, watch_resources
+from tessera.agent.plugin.health import health_handler
 from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
 from tessera.agent.plugin.proto import (
-    dra_health_v1alpha1_pb2,
     dra_v1_pb2,
     dra_v1beta1_pb2,
     pluginregistration_v1_pb2,
@@ -218,7 +217,7 @@ class KubeletPlugin:
             [
                 _dra_handler(DRA_V1_SERVICE, dra_v1_pb2, self, with_share_id=True),
                 _dra_handler(DRA_V1BETA1_SERVICE, dra_v1beta1_pb2, self, with_share_id=False),
-                _health_handler(self),
+                health_handler(self.health, self.config.node_name, self.config.health_refresh_s, self.stopping),
             ],
         )
         self._registration_server = await serve_on_socket(
@@ -318,26 +317,6 @@ def _dra_handler(service: str, pb: Any, plugin: KubeletPlugin, with_share_id: bo
             "NodeUnprepareResources": unary_handler(
                 unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse
             ),
-        },
-    )
-
-
-def _health_handler(plugin: KubeletPlugin) -> Any:
-    pb = dra_health_v1alpha1_pb2
-
-    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:  # grpc wants an async generator function
-        config = plugin.config
-        async for message in watch_resources(plugin.health, config.node_name, config.health_refresh_s, plugin.stopping):
-            yield message
-
-    return grpc.method_handlers_generic_handler(
-        HEALTH_SERVICE,
-        {
-            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
-                stream,
-                request_deserializer=pb.NodeWatchResourcesRequest.FromString,
-                response_serializer=pb.NodeWatchResourcesResponse.SerializeToString,
-            )
         },
     )
 
