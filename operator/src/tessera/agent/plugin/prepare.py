@@ -1,8 +1,8 @@
 """Prepare and unprepare ResourceClaims on this node: the work behind the kubelet's DRA calls.
 
 Prepare takes the claim (the agent's watch's copy, confirmed by a read that runs alongside the
-work, or the read alone: ``watched``), resolves each allocated device against the GPUs (a whole GPU, a
-static MIG instance, or a DynamicMIG placement to create now), holds the devices in the
+work, or the read alone: ``watched``), resolves each allocated device against the GPUs (a whole
+GPU, a static MIG instance, or a DynamicMIG placement to create now), holds the devices in the
 backend so the reconciler leaves them alone, writes the claim's CDI spec and records the
 claim in the checkpoint. The answer is the CDI device IDs. Preparing a claim that is already
 prepared returns the recorded answer and does nothing else.
@@ -15,8 +15,9 @@ With a ``ClaimStatusWriter``, a fresh prepare also has the claim's ``status.devi
 finished unprepare has them cleared — after the kubelet's answer, retried until they land
 (``statuswrites``): the kubelet never waits on that API round trip. The checkpoint, which is
 what keeps a device from being handed to a second claim after a restart, is on disk before
-the answer (CDI specs are not synced: they are rebuilt from the checkpoint's record when a crash
-loses one, see ``cdi.write_claim_spec``). Each call's steps are timed (``steps``: a histogram and a debug line).
+the answer. CDI specs are not synced: a prepare that finds the checkpoint's record but not its
+spec writes the spec again (``cdi.write_claim_spec``). Each call's steps are timed (``steps``: a
+histogram and a debug line).
 
 Concurrency: every claim has its own lock, so one claim is never worked on twice at once,
 while different claims proceed together; one hardware lock covers every "look, then change
