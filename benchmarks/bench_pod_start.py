@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -187,6 +188,8 @@ def main() -> int:
     parser.add_argument("--simulate", default="4xH100-80GB")
     parser.add_argument("--kubelet-flag", action="append", default=None,
                         help="extra kubelet flag (repeatable; default --v=4, which logs each DRA call's start and end)")
+    parser.add_argument("--kubelet-log-copy", type=Path, default=None,
+                        help="copy the kubelet's log here at the end (the cluster's folder is removed)")
     args = parser.parse_args()
     if why := real_nodes_possible():
         print(f"cannot run: {why}", file=sys.stderr)
@@ -260,6 +263,8 @@ def main() -> int:
             if watch is not None:
                 watch.stop()
             processes.stop_all()
+            if args.kubelet_log_copy is not None:
+                shutil.copyfile(node.kubelet_log, args.kubelet_log_copy)
             node.stop()
     return 0
 
