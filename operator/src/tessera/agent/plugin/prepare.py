@@ -259,8 +259,8 @@ class ClaimPreparer:
                 except ViewBehindError as stale:  # the watch was behind: what it gave is rolled back
                     self._log.info("claim changed since the watch saw it; preparing from the API's copy",
                                    claim=str(ref), uid=ref.uid)
-                    prepared = await self._prepare_from(ref, Reading(ref, stale.claim, False, self.metrics,
-                                                                     _confirmed=True), known, times)
+                    prepared = await self._prepare_from(ref, Reading.read(ref, stale.claim, self.metrics), known,
+                                                        times)
                 finally:
                     reading.close()
                 outcome = "prepared"

@@ -91,6 +91,11 @@ class Reading:
     _times: StepTimes | None = None
     _confirmed: bool = field(default=False)
 
+    @classmethod
+    def read(cls, ref: ClaimRef, claim: dict[str, Any], metrics: PluginMetrics) -> Reading:
+        """A reading of the API's own copy: nothing to confirm."""
+        return cls(ref, claim, False, metrics, _confirmed=True)
+
     async def confirm(self) -> None:
         """Until the GET's copy is in and agrees with ``claim`` (at once when ``claim`` is the
         GET's). Raises ``ViewBehindError`` with the GET's copy, or ``ClaimError`` when the claim is
@@ -110,8 +115,12 @@ class Reading:
 
     def close(self) -> None:
         """Stop the GET if nothing waits for it any more (the prepare failed before confirming)."""
-        if self._get is not None and not self._get.done():
+        if self._get is None:
+            return
+        if not self._get.done():
             self._get.cancel()
+        elif not self._get.cancelled():
+            self._get.exception()  # a failed read nobody awaited is not "never retrieved"
 
 
 class ClaimSource:
@@ -138,7 +147,7 @@ class ClaimSource:
         if read is None:
             raise ClaimError(f"ResourceClaim {ref} does not exist (deleted before it was prepared)")
         self._metrics.claim_reads.labels("get").inc()
-        return Reading(ref, read, False, self._metrics, _confirmed=True)
+        return Reading.read(ref, read, self._metrics)
 
     async def _read_alongside(self, ref: ClaimRef, times: StepTimes) -> dict[str, Any] | None:
         with times.step("claim_read_alongside"):
