@@ -23,9 +23,10 @@ from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin.cdi import spec_file_name
 from tessera.agent.plugin.checkpoint import ClaimState, load_checkpoint
 from tessera.agent.plugin.claims import ClaimError, ClaimRef
-from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
+from tessera.agent.plugin.prepare import ClaimPreparer
 from tessera.agent.plugin.watched import same_claim
 from tessera.models.devices import mig_device_name
+from tests import plugin_helpers as helpers
 from tests.plugin_helpers import (
     MPS,
     NODE,
@@ -85,9 +86,7 @@ def backend() -> Iterator[SimulatedBackend]:
 
 
 def preparer(backend: SimulatedBackend, reader: FakeClaimReader, view: FakeView, dirs: PluginDirs) -> ClaimPreparer:
-    settings = PreparerSettings(driver=DRIVER_NAME, node=NODE, cdi_dir=dirs.cdi, checkpoint_path=dirs.checkpoint,
-                                proc_root=dirs.proc)
-    return ClaimPreparer(backend, reader, settings, view=view)
+    return helpers.preparer(backend, reader, dirs, view=view)
 
 
 def ref(body: dict[str, Any]) -> ClaimRef:
