@@ -10,17 +10,19 @@ from tessera.localcluster.kubeletlog import dra_calls
 
 A = "5f0c2d8e-1111-4a2b-9c3d-000000000001"
 B = "5f0c2d8e-1111-4a2b-9c3d-000000000002"
-TESSERA = 'driverName="gpu.tessera.dev" endpoint="/var/lib/kubelet/plugins/gpu.tessera.dev/dra.sock"'
+# As kubelet v1.36.5 writes them at --v=4 (the request and response are protobuf text).
+TESSERA = ('logger="dra-plugin" driverName="gpu.tessera.dev" '
+           'endpoint="/var/lib/kubelet/plugins/gpu.tessera.dev/dra.sock"')
 
 
 def call(stamp: str, uid: str, driver: str = TESSERA, method: str = "NodePrepareResources") -> str:
-    return (f'I1205 {stamp}    4242 dra_plugin.go:190] "Calling {method} rpc" {driver} '
-            f'request="claims:{{namespace:\\"bench\\" uid:\\"{uid}\\" name:\\"c-0\\"}}"\n')
+    return (f'I1205 {stamp}   23725 dra_plugin.go:80] "Calling {method} rpc" {driver} '
+            f'request="claims:{{namespace:\\"bench\\" uid:\\"{uid}\\" name:\\"c-0-gpu-v62nq\\"}}"\n')
 
 
 def done(stamp: str, uid: str, driver: str = TESSERA, method: str = "NodePrepareResources") -> str:
-    return (f'I1205 {stamp}    4242 dra_plugin.go:221] "Done calling {method} rpc" {driver} '
-            f'response="claims:{{key:\\"{uid}\\" value:{{}}}}" err=null\n')
+    return (f'I1205 {stamp}   23725 dra_plugin.go:99] "Done calling {method} rpc" {driver} '
+            f'response="claims:{{key:\\"{uid}\\" value:{{devices:{{device_name:\\"gpu-0\\"}}}}}}" err=null\n')
 
 
 def test_overlapping_calls_are_paired_by_claim_uid_in_microseconds() -> None:

@@ -6,7 +6,8 @@ driver's name and the request or response, whose claim UIDs pair the two lines. 
 histograms (``dra_operations_duration_seconds``, ``dra_grpc_operations_duration_seconds``)
 cannot say the same: their buckets are ``ExponentialBucketsRange(0.1, 40, 15)``, so every call
 under 100 ms falls in the first bucket and a p50 or p99 below that is a guess. The log's
-timestamps are microseconds.
+timestamps are microseconds. (Kubelet 1.36 logs only the end of a NodeUnprepareResources call,
+so of the two only prepare can be timed this way.)
 Not for: starting the kubelet (``tessera.localcluster.nodes.RealNode``, ``kubelet_flags``).
 """
 
