@@ -16,6 +16,7 @@ from tessera.agent.backends.base import GpuInfo
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.plugin.claims import ClaimStatusWriter
 from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
+from tessera.agent.plugin.watched import ClaimCopies
 from tessera.models.devices import dynamic_mig_device_name, gpu_device_name, mig_device_name
 
 NODE = "gpu-node-1"
@@ -134,9 +135,10 @@ def short_tmp_dir() -> Iterator[Path]:
 
 
 def preparer(
-    backend: SimulatedBackend, reader: FakeClaimReader, dirs: PluginDirs, status_writer: ClaimStatusWriter | None = None
+    backend: SimulatedBackend, reader: FakeClaimReader, dirs: PluginDirs,
+    status_writer: ClaimStatusWriter | None = None, view: ClaimCopies | None = None,
 ) -> ClaimPreparer:
     settings = PreparerSettings(
         driver=DRIVER_NAME, node=NODE, cdi_dir=dirs.cdi, checkpoint_path=dirs.checkpoint, proc_root=dirs.proc
     )
-    return ClaimPreparer(backend, reader, settings, status_writer)
+    return ClaimPreparer(backend, reader, settings, status_writer, view=view)

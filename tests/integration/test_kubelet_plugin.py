@@ -17,12 +17,14 @@ from typing import Any
 import grpc
 import pytest
 
+from tessera import INSTALL_NAMESPACE
 from tessera.agent.backends.base import GpuInfo
 from tessera.agent.backends.simulated import SimulatedBackend
+from tessera.agent.claimview import ClaimView
 from tessera.agent.plugin import KubeClaimReader, KubeletPlugin, PluginConfig
 from tessera.agent.plugin.cdi import spec_file_name
 from tessera.agent.plugin.checkpoint import load_checkpoint
-from tessera.agent.plugin.claims import KubeClaimStatusWriter
+from tessera.agent.plugin.claims import ClaimRef, KubeClaimStatusWriter
 from tessera.agent.plugin.proto import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -263,3 +265,52 @@ async def test_kubelet_prepares_and_unprepares_scheduled_claims_across_a_restart
     assert checkpoint.claims == {}
     assert not restarted.config.dra_socket.exists()
     assert not restarted.config.registration_socket.exists()
+
+
+async def test_prepares_start_from_the_agents_claim_watch_and_a_stale_copy_is_redone_from_the_api(
+    scheduled: dict[str, dict[str, Any]], backend: SimulatedBackend, dirs: PluginDirs, api: KubeClient,
+) -> None:
+    """With the agent's claim watch, the plugin starts from the watch's copy and confirms it with
+    a read; a copy from before the claim was re-allocated under the same UID (here: the watch
+    still says the MPS claim has the whole GPU) is never answered: the API's allocation is."""
+    names = ("static-3g", "dynamic-2g", "mps-share", "whole")
+    good = [scheduled[p] for p in names]
+    watch = ClaimView(api, driver=DRIVER, node=NODE, fence_namespace=INSTALL_NAMESPACE)
+    watch.start()
+    try:
+        await wait_for(lambda: all(watch.claim_copy(c["metadata"]["namespace"], c["metadata"]["name"])
+                                   for c in good), timeout=30, message="the watch to have every claim")
+        plugin = KubeletPlugin(_config(dirs), backend, KubeClaimReader(api), claim_view=watch)
+        async with plugin:
+            answers = await plugin.prepare_claims([_ref(c) for c in good])
+            assert all(not a.error for a in answers.values()), answers
+            registry = plugin.preparer.metrics.registry
+            assert registry.get_sample_value("tessera_agent_plugin_claim_reads_total", {"source": "view"}) == 4
+            await plugin.unprepare_claims([_ref(c) for c in good])
+    finally:
+        await watch.stop()
+
+    share, whole = scheduled["mps-share"], scheduled["whole"]
+    behind = ClaimView(api, driver=DRIVER, node=NODE, fence_namespace=INSTALL_NAMESPACE, own_watch=False)
+    stale = json.loads(json.dumps(share))
+    stale["status"]["allocation"] = whole["status"]["allocation"]  # what it had before, say
+    stale["metadata"]["resourceVersion"] = "1"
+    behind.feed("MODIFIED", stale)
+    plugin = KubeletPlugin(_config(dirs), backend, KubeClaimReader(api), claim_view=behind)
+    async with plugin:
+        answer = (await plugin.prepare_claims([_ref(share)]))[share["metadata"]["uid"]]
+        assert answer.error == ""
+        assert answer.claim is not None
+        assert [d.device for d in answer.claim.devices] == [
+            share["status"]["allocation"]["devices"]["results"][0]["device"]]
+        gpus = backend.inventory().gpus
+        assert plugin.in_use_device_uuids() == {gpus[1].uuid}, "the whole GPU of the stale copy is not held"
+        registry = plugin.preparer.metrics.registry
+        assert registry.get_sample_value("tessera_agent_plugin_claim_reads_total", {"source": "view_stale"}) == 1
+        await plugin.unprepare_claims([_ref(share)])
+    assert not any(g.in_use for g in backend.inventory().gpus)
+
+
+def _ref(claim: dict[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(meta["namespace"], meta["name"], meta["uid"])

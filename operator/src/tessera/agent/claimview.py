@@ -22,6 +22,8 @@ the cluster-wide quorum list, as safe as before and as costly.
 
 Cost per destroying operation: one small write and its echo, whatever the size of the
 cluster; the watch's events are the apiserver's fan-out, not requests.
+The kubelet plugin starts a prepare from this watch's copy of the claim (``claim_copy``) while
+it reads the claim to confirm it (``tessera.agent.plugin.watched``).
 Not for: deciding whether a claim holds a device (``tessera.agent.claimguard`` with
 ``tessera.models.allocation``).
 """
@@ -125,6 +127,11 @@ class ClaimView:
             self._changed.notify_all()
 
     # -- the guard's read -----------------------------------------------------------------------
+
+    def claim_copy(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The watch's copy of one claim naming this node's pool, None when it has none (not
+        proved current: the kubelet plugin confirms it with a read, ``tessera.agent.plugin.watched``)."""
+        return self._held.get(f"{namespace}/{name}")
 
     def held(self) -> list[dict[str, Any]]:
         """The claims naming this node's pool as the watch has them now (not proved current)."""

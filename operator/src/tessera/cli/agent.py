@@ -296,7 +296,7 @@ async def _serve(args: argparse.Namespace, backend: DeviceBackend, api: KubeClie
             started = asyncio.Event()
             plugin = serve_plugin(
                 plugin_config, backend, api, agent.stopping, lambda _: started.set(), agent.request_resync,
-                agent.health, agent.metrics.observe_claim, agent.metrics.registry,
+                agent.health, agent.metrics.observe_claim, agent.metrics.registry, agent.claims,
             )
             plugin_task = asyncio.create_task(plugin, name="kubelet-plugin")
             done, _ = await asyncio.wait(

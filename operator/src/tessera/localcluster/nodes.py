@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -303,6 +303,8 @@ class RealNode:
     kubelet_port: int = 0
     healthz_port: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    # Extra kubelet flags, after the node's own (a later flag wins: ``--v=4`` logs each DRA call).
+    kubelet_flags: tuple[str, ...] = ()
     _holder: _Child | None = None
     _containerd: _Child | None = None
     _kubelet: _Child | None = None
@@ -345,10 +347,11 @@ class RealNode:
 
     @classmethod
     def start(cls, cluster: ClusterAccess, name: str, labels: dict[str, str] | None = None,
-              binaries: NodeBinaries | None = None, timeout: float = 120.0) -> RealNode:
+              binaries: NodeBinaries | None = None, timeout: float = 120.0,
+              kubelet_flags: Sequence[str] = ()) -> RealNode:
         binaries = binaries or ensure_node_binaries()
         node = cls(name=name, folder=cluster.workdir / "nodes" / name, binaries=binaries, cluster=cluster,
-                   labels=dict(labels or {}))
+                   labels=dict(labels or {}), kubelet_flags=tuple(kubelet_flags))
         try:
             node._start(timeout)
         except BaseException:
@@ -447,6 +450,7 @@ class RealNode:
             f"--hostname-override={self.name}", f"--node-ip={self.ip}",
             *([f"--node-labels={labels}"] if labels else []),
             "--v=1",
+            *self.kubelet_flags,
         ])
 
     def stop_kubelet(self) -> None:
@@ -477,6 +481,11 @@ class RealNode:
     def import_image(self, archive: Path) -> None:
         """Load a docker-archive tar into this node's containerd (where its kubelet finds it)."""
         import_image(self.binaries.ctr, str(self.containerd_socket), archive, self.snapshotter)
+
+    @property
+    def kubelet_log(self) -> Path:
+        """The kubelet's log file (klog text: ``Lmmdd hh:mm:ss.uuuuuu pid file:line] msg``)."""
+        return self.folder / "logs" / "kubelet.log"
 
     def kubelet_metrics(self) -> str:
         """The kubelet's /metrics text (through the apiserver's node proxy)."""

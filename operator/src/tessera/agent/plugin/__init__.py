@@ -5,8 +5,9 @@ Start it from the agent process with ``serve_plugin`` (or ``KubeletPlugin`` as a
 manager) and ask the running plugin ``in_use_device_uuids()`` for the devices the reconciler
 must leave alone. Modules: ``server`` (gRPC, sockets), ``prepare`` (the steps that act),
 ``access`` (what a container gets and what is recorded of a claim: pure builders), ``claims``
-(reading claims), ``cdi`` (spec files), ``checkpoint`` (state on disk), ``hardware`` (what it
-needs from the DeviceBackend), ``proto`` (the kubelet's wire contracts).
+(reading claims), ``watched`` (a claim from the agent's watch, confirmed by a read alongside),
+``cdi`` (spec files), ``checkpoint`` (state on disk), ``hardware`` (what it needs from the
+DeviceBackend), ``proto`` (the kubelet's wire contracts).
 Not for: the reconciler or the backends (``tessera.agent``).
 """
 

@@ -134,11 +134,29 @@ def encode_spec(spec: Mapping[str, Any]) -> bytes:
 
 def write_claim_spec(cdi_dir: Path, claim_uid: str, spec: Mapping[str, Any]) -> Path:
     """Write (or replace) the claim's spec file atomically; returns its path. The folder is made
-    when missing: /var/run/cdi is on tmpfs, and after a reboot nothing may have made it yet."""
+    when missing: /var/run/cdi is on tmpfs, and after a reboot nothing may have made it yet.
+
+    Atomically, but not durably (no fsync of the file or the folder): a spec is regenerated,
+    never the record of anything. Only a crash of the machine loses unsynced data, not a crash
+    of the agent; after one, /var/run/cdi (tmpfs) is empty anyway and the restarted plugin
+    forgets the earlier boot's claims (``boot``); where the folder is on a disk, the
+    checkpoint — synced before the kubelet's answer — still says the claim is prepared, and the
+    next prepare finds its spec missing or not naming its devices and writes it again
+    (``prepare.ClaimPreparer._spec_intact``). The sync cost milliseconds on every prepare."""
     cdi_dir.mkdir(parents=True, exist_ok=True)
     path = cdi_dir / spec_file_name(claim_uid)
-    write_atomically(path, encode_spec(spec))
+    write_atomically(path, encode_spec(spec), durable=False)
     return path
+
+
+def read_claim_spec(cdi_dir: Path, claim_uid: str) -> dict[str, Any] | None:
+    """The claim's spec as on disk; None when it is missing or not a spec of ours (a truncated
+    or empty file, as a machine crash can leave an unsynced one)."""
+    try:
+        spec = json.loads((cdi_dir / spec_file_name(claim_uid)).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return spec if isinstance(spec, dict) and spec.get("kind") == CDI_KIND else None
 
 
 def remove_claim_spec(cdi_dir: Path, claim_uid: str) -> bool:

@@ -1,7 +1,8 @@
 """Prepare and unprepare ResourceClaims on this node: the work behind the kubelet's DRA calls.
 
-Prepare reads the claim, resolves each allocated device against the GPUs (a whole GPU, a
-static MIG instance, or a DynamicMIG placement to create now), holds the devices in the
+Prepare takes the claim (the agent's watch's copy, confirmed by a read that runs alongside the
+work, or the read alone: ``watched``), resolves each allocated device against the GPUs (a whole
+GPU, a static MIG instance, or a DynamicMIG placement to create now), holds the devices in the
 backend so the reconciler leaves them alone, writes the claim's CDI spec and records the
 claim in the checkpoint. The answer is the CDI device IDs. Preparing a claim that is already
 prepared returns the recorded answer and does nothing else.
@@ -14,7 +15,9 @@ With a ``ClaimStatusWriter``, a fresh prepare also has the claim's ``status.devi
 finished unprepare has them cleared — after the kubelet's answer, retried until they land
 (``statuswrites``): the kubelet never waits on that API round trip. The checkpoint, which is
 what keeps a device from being handed to a second claim after a restart, is on disk before
-the answer. Each call's steps are timed (``steps``: a histogram and a debug line).
+the answer. CDI specs are not synced: a prepare that finds the checkpoint's record but not its
+spec writes the spec again (``cdi.write_claim_spec``). Each call's steps are timed (``steps``: a
+histogram and a debug line).
 
 Concurrency: every claim has its own lock, so one claim is never worked on twice at once,
 while different claims proceed together; one hardware lock covers every "look, then change
@@ -57,10 +60,10 @@ from tessera.agent.plugin.access import (
 from tessera.agent.plugin.boot import BOOT_ID_FILE, from_an_earlier_boot, read_boot_id
 from tessera.agent.plugin.cdi import (
     claim_spec,
+    read_claim_spec,
     read_claim_specs,
     remove_claim_spec,
     spec_device_names,
-    spec_file_name,
     write_claim_spec,
 )
 from tessera.agent.plugin.checkpoint import (
@@ -85,6 +88,7 @@ from tessera.agent.plugin.claims import (
 from tessera.agent.plugin.hardware import PluginBackend, device_nodes
 from tessera.agent.plugin.statuswrites import ClaimStatusWrites
 from tessera.agent.plugin.steps import PluginMetrics, StepTimes
+from tessera.agent.plugin.watched import ClaimCopies, ClaimSource, Reading, ViewBehindError
 from tessera.models.devices import DeviceKind, parse_device_name
 
 log = structlog.get_logger("tessera.agent.plugin")
@@ -113,10 +117,11 @@ class ClaimPreparer:
         settings: PreparerSettings,
         status_writer: ClaimStatusWriter | None = None,
         metrics: PluginMetrics | None = None,
+        view: ClaimCopies | None = None,
     ) -> None:
         self._backend = backend
-        self._reader = reader
         self.metrics = metrics or PluginMetrics()
+        self._source = ClaimSource(reader, self.metrics, view)
         self._status = ClaimStatusWrites(status_writer, self.metrics) if status_writer is not None else None
         self._settings = settings
         self._claims: dict[str, PreparedClaim] = {}
@@ -242,19 +247,22 @@ class ClaimPreparer:
             async with self._locked(ref.uid, times):
                 with times.step("checks"):
                     known = self._claims.get(ref.uid)
-                    again = known is not None and known.state is ClaimState.PREPARED and await self._spec_exists(
-                        ref.uid)
+                    again = known is not None and known.state is ClaimState.PREPARED and await self._spec_intact(
+                        known)
                 if again:
                     assert known is not None
                     outcome = "again"
                     return known
-                with times.step("claim_read"):
-                    claim = await self._reader.read_claim(ref.namespace, ref.name)
-                if claim is None:
-                    raise ClaimError(f"ResourceClaim {ref} does not exist (deleted before it was prepared)")
-                with times.step("checks"):
-                    devices = allocated_devices(claim, ref, self._settings.driver, self._settings.node)
-                prepared = await self._prepare_devices(ref, devices, known, times)
+                reading = await self._source.begin(ref, times)
+                try:
+                    prepared = await self._prepare_from(ref, reading, known, times)
+                except ViewBehindError as stale:  # the watch was behind: what it gave is rolled back
+                    self._log.info("claim changed since the watch saw it; preparing from the API's copy",
+                                   claim=str(ref), uid=ref.uid)
+                    prepared = await self._prepare_from(ref, Reading.read(ref, stale.claim, self.metrics), known,
+                                                        times)
+                finally:
+                    reading.close()
                 outcome = "prepared"
                 self._log.info("claim prepared", claim=str(ref), uid=ref.uid,
                                devices=[d.device for d in prepared.devices])
@@ -273,17 +281,39 @@ class ClaimPreparer:
         finally:
             lock.release()
 
-    async def _spec_exists(self, uid: str) -> bool:
-        return await asyncio.to_thread((self._settings.cdi_dir / spec_file_name(uid)).is_file)
+    async def _spec_intact(self, known: PreparedClaim) -> bool:
+        """Whether the claim's CDI spec is on disk and names its devices. Specs are written
+        without a sync (``cdi.write_claim_spec``): one lost, or left empty, by a crash of the
+        machine is written again from the checkpoint's record by the next prepare."""
+        specs = await asyncio.to_thread(read_claim_spec, self._settings.cdi_dir, known.uid)
+        return specs is not None and sorted(spec_device_names(specs, known.uid)) == sorted(
+            d.device for d in known.devices)
+
+    async def _prepare_from(
+        self, ref: ClaimRef, reading: Reading, known: PreparedClaim | None, times: StepTimes
+    ) -> PreparedClaim:
+        """Prepare from ``reading``'s copy of the claim. When that copy is the watch's, its
+        refusal is no answer until the GET agrees (``confirm`` raises ``ViewBehindError`` if not)."""
+        try:
+            with times.step("checks"):
+                devices = allocated_devices(reading.claim, ref, self._settings.driver, self._settings.node)
+            return await self._prepare_devices(ref, devices, known, times, reading)
+        except ClaimError:
+            await reading.confirm()
+            raise
 
     async def _prepare_devices(
-        self, ref: ClaimRef, devices: Sequence[AllocatedDevice], known: PreparedClaim | None, times: StepTimes
+        self, ref: ClaimRef, devices: Sequence[AllocatedDevice], known: PreparedClaim | None, times: StepTimes,
+        reading: Reading,
     ) -> PreparedClaim:
         dynamic = any(d.ref.kind is DeviceKind.DYNAMIC_MIG for d in devices)
         created: list[DynamicInstance] = []
         held: list[str] = []
+        wrote_spec = False
         try:
             if dynamic:
+                # A DynamicMIG claim changes the GPUs and records its plan: only from a confirmed copy.
+                await reading.confirm()
                 # Record the placements before touching the GPUs: after a crash, the restarted
                 # agent knows which instances may be this claim's.
                 with times.step("hardware"):
@@ -306,11 +336,15 @@ class ClaimPreparer:
                     ref.uid, accesses, str(self._settings.dev_root) if self._settings.dev_root else None
                 )
                 spec = claim_spec(cdi_devices, common)
+                wrote_spec = True
                 await asyncio.to_thread(write_claim_spec, self._settings.cdi_dir, ref.uid, spec)
             prepared = prepared_claim(ref, accesses, cdi_devices, created)
+            await reading.confirm()  # the copy worked from is the API's (tessera.agent.plugin.watched)
             await self._set_claim(prepared, ref.uid, times)  # on disk before the kubelet hears of it
         except BaseException:
             await self._roll_back(ref, created, held, keep=known)
+            if wrote_spec and known is None:  # a spec nobody was answered with: a redo writes its own
+                await asyncio.to_thread(remove_claim_spec, self._settings.cdi_dir, ref.uid)
             raise
         finally:
             for instance in created:

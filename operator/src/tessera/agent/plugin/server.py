@@ -51,6 +51,7 @@ from tessera.agent.plugin.proto import (
     pluginregistration_v1_pb2,
 )
 from tessera.agent.plugin.steps import PluginMetrics
+from tessera.agent.plugin.watched import ClaimCopies
 from tessera.kube.http import KubeClient
 
 log = structlog.get_logger("tessera.agent.plugin")
@@ -132,6 +133,7 @@ class KubeletPlugin:
         status_writer: ClaimStatusWriter | None = None,
         observe: ObserveClaim | None = None,
         registry: MetricsRegistry | None = None,
+        claim_view: ClaimCopies | None = None,
     ) -> None:
         self.config = config
         self.on_change = on_change  # e.g. the agent's request_resync: its status follows at once
@@ -151,6 +153,7 @@ class KubeletPlugin:
             ),
             status_writer,
             PluginMetrics(registry),
+            claim_view,
         )
         self.registration = RegistrationState()
         self._dra_server: Any = None
@@ -368,13 +371,16 @@ async def serve_plugin(
     health: HealthTracker | None = None,
     observe: ObserveClaim | None = None,
     registry: MetricsRegistry | None = None,
+    claim_view: ClaimCopies | None = None,
 ) -> None:
     """Run the kubelet plugin until ``stop`` is set (or the task is cancelled).
 
     ``started`` gets the running plugin, e.g. to let the reconciler ask
-    ``plugin.in_use_device_uuids()``; ``registry`` is the agent's, for the plugin's metrics."""
+    ``plugin.in_use_device_uuids()``; ``registry`` is the agent's, for the plugin's metrics;
+    ``claim_view`` the agent's claim watch, whose copy of a claim a prepare starts from."""
     writer = KubeClaimStatusWriter(api, status_field_manager(config))
-    plugin = KubeletPlugin(config, backend, KubeClaimReader(api), on_change, health, writer, observe, registry)
+    plugin = KubeletPlugin(config, backend, KubeClaimReader(api), on_change, health, writer, observe, registry,
+                           claim_view)
     async with plugin:
         if started is not None:
             started(plugin)

@@ -1,5 +1,6 @@
 """Where a kubelet call's time goes: each prepare and unprepare timed step by step (waiting for
-the claim's lock, reading the claim, checks, the hardware, the CDI spec, the checkpoint; and,
+the claim's lock, the claim from the agent's watch and the read that confirms it, or the read
+alone, checks, the hardware, the CDI spec, the checkpoint; and,
 after the answer, the claim's status write), as a histogram with an ``operation`` and a
 ``step`` label and one debug log line per call.
 
@@ -62,6 +63,12 @@ class PluginMetrics:
         self.status_writes = Counter(
             "tessera_agent_claim_status_writes", "Claim device status writes after the answer, by result",
             ["result"], registry=r,
+        )
+        self.claim_reads = Counter(
+            "tessera_agent_plugin_claim_reads",
+            "Fresh prepares by the copy of the claim they were built from: view (the agent's claim watch, "
+            "confirmed by a read alongside), get (read first), view_stale (the watch's disagreed; redone)",
+            ["source"], registry=r,
         )
 
     def record(self, operation: str, times: StepTimes, claim: str, outcome: str) -> None:
