@@ -35,9 +35,11 @@ bodies, in resourceVersion order per node). With the operators and the agent fle
 every node is put back, untimed, as it was before the policy; then the recorded writes are made
 again directly with ``KubeClient``, one node after another on N workers, each node's writes in
 order. That is timed for each N of ``--floor-concurrency`` (8, 16 and 32 by default; the node
-is put back before each), and the fastest is the floor. Printed: each time, and the rollout
-(policy -> all slices show the MIG layout) divided by the floor. The floor leaves out what a
-rollout cannot: the agents' status writes, the handover's grace, the watches' traffic.
+is put back before each); the fastest, plus one handover grace (the operator's default, 1 s:
+every node's GPUs must be published tainted for a grace before their new layout, and a rollout
+can at best share one grace among all nodes), is the floor, as issue 22 defines it. Printed:
+each time, and the rollout (policy -> all slices show the MIG layout) divided by the floor. The
+floor leaves out what a rollout cannot: the agents' status writes, the watches' traffic.
 
 The agent fleet: 500 agent processes do not fit a 2-core machine, so one process runs every
 node's agent. Each node has a real ``tessera.agent.service.NodeAgent`` over its own in-memory
@@ -83,6 +85,7 @@ from tessera import DRIVER_NAME, INSTALL_NAMESPACE, RESOURCE_GROUP, RESOURCE_VER
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.claimview import ClaimView
 from tessera.agent.service import AgentConfig, NodeAgent
+from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE
 from tessera.kube.http import ApiError, KubeClient, resource_path
 from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
 from tessera.kube.watch import ListWatch
@@ -788,9 +791,13 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
             await restore(kube, slices_before, specs_before, concurrency)
             floors.append(await replay(kube, rollout_writes, concurrency))
             fig[f"floor: same writes raw, {concurrency} nodes at once"] = f"{floors[-1]:.1f}s"
-        ratio = (published_at - t0) / min(floors)
-        fig["rollout (all slices MIG) / floor (the fastest)"] = f"{ratio:.2f}x"
-        print(f"rollout/floor N={n}: {ratio:.2f}x (rollout {published_at - t0:.1f} s, floor {min(floors):.1f} s)",
+        # The floor as issue 22 defines it: the minimal writes, plus one handover grace (a rollout
+        # can share one grace among every node, never skip it).
+        floor = min(floors) + DEFAULT_HANDOVER_GRACE
+        fig["floor: fastest + one handover grace"] = f"{floor:.1f}s"
+        ratio = (published_at - t0) / floor
+        fig["rollout (all slices MIG) / floor"] = f"{ratio:.2f}x"
+        print(f"rollout/floor N={n}: {ratio:.2f}x (rollout {published_at - t0:.1f} s, floor {floor:.1f} s)",
               flush=True)
         return result
     except BaseException:

@@ -169,12 +169,41 @@ async def test_the_answer_to_a_spec_write_never_replaces_a_newer_layout_the_watc
     controller.api = cast(Api, SimpleNamespace(patch_node_layout_spec=patch_node_layout_spec))
     decision = cast(NodeDecision, SimpleNamespace(spec=wanted))
 
+    controller.enqueued.clear()
     assert await controller._write_spec(NODE, decided_on, decision) == 2
     layout = controller.fleet.nodes[NODE].layout
     assert layout is not None
     assert layout.metadata.resource_version == "12", "the newer report stays"
     assert layout.status is not None
     assert layout.status.gpus[0].mig_instances
+    assert controller.enqueued == [NODE], "the agent's report is someone else's change: once, when we are answered"
+
+
+async def test_the_echo_of_our_spec_write_that_overtakes_the_answer_enqueues_nothing() -> None:
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    before = layout_body([gpu(0)], [layout_of(gpu(0))])
+    before["metadata"]["resourceVersion"] = "10"
+    controller.layout_seen("MODIFIED", before)
+    decided_on = controller.fleet.nodes[NODE].layout
+    assert decided_on is not None
+    wanted = NodeLayoutSpec(gpus=[layout_of(mig_gpu(0))])
+    answer = layout_body([gpu(0)], wanted.gpus, generation=2)
+    answer["metadata"]["resourceVersion"] = "11"
+
+    async def patch_node_layout_spec(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        controller.layout_seen("MODIFIED", answer)  # our echo, before our answer
+        return answer
+
+    controller.api = cast(Api, SimpleNamespace(patch_node_layout_spec=patch_node_layout_spec))
+    controller.enqueued.clear()
+    assert await controller._write_spec(NODE, decided_on, cast(NodeDecision, SimpleNamespace(spec=wanted))) == 2
+    assert controller.enqueued == []
+    layout = controller.fleet.nodes[NODE].layout
+    assert layout is not None
+    assert layout.metadata.resource_version == "11"
+    controller.layout_seen("MODIFIED", answer)
+    assert controller.enqueued == [], "and when it comes again (a relist), the view holds it already"
 
 
 async def test_a_list_at_start_is_tried_again_until_the_apiserver_answers(monkeypatch: Any) -> None:

@@ -6,7 +6,8 @@ just before the agent would destroy it keeps its device, and the agent says whic
    guard reads claims right before the destroy, so it sees the allocation. Seeded rounds pick
    which instance is claimed and whether the claim lands before or after the plan. The claims
    come from a cluster-wide quorum list, or from the agent's ``ClaimView`` (one claim watch,
-   proved current by its fence claim), which must see the allocation just as surely.
+   proved current by its fence claim, one fence per pass: ``tessera.agent.passclaims``), which
+   must see the allocation just as surely.
 2. The agent process: a claim allocated, then at once a spec that would remove its instance;
    the agent keeps it, reports ``InstanceInUse`` naming the claim, and finishes the layout once
    the claim is gone.
@@ -32,6 +33,7 @@ from tessera.agent.backends.base import GpuInfo, Inventory
 from tessera.agent.backends.simulated import SimulatedBackend, SimulatedHardware, parse_simulate_spec
 from tessera.agent.claimguard import ClaimGuard
 from tessera.agent.claimview import ClaimView
+from tessera.agent.passclaims import PassClaimReads
 from tessera.agent.reconciler import BlockReason, OpKind, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
@@ -104,7 +106,8 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
         view = ClaimView(api, driver=DRIVER_NAME, node=node, fence_namespace=INSTALL_NAMESPACE)
         view.start()
         views.append(view)
-        return lambda: asyncio.run_coroutine_threadsafe(view.fresh(), loop).result(30)
+        reads = PassClaimReads(view.fresh, view.held, max_age=30.0)  # the round is one pass: one fence
+        return lambda: asyncio.run_coroutine_threadsafe(reads.read(), loop).result(30)
 
     try:
         for round_no in range(6):
@@ -140,7 +143,7 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
             if start == 4:  # destroys run in slice order: the unclaimed 3g.40gb@0 went first
                 assert ("3g.40gb", 0) not in left, f"{where}: the unclaimed instance was spared"
         for view in views:
-            assert view.fences >= 1, "the guard's read was proved current by the fence"
+            assert view.fences == 1, "the round's reads (two destroys when gpu-0 is claimed at 4) shared one fence"
             assert view.fallback_lists == 0, "no cluster-wide list"
     finally:
         for view in views:

@@ -15,7 +15,8 @@ heartbeat is due. It serves Prometheus metrics on ``/metrics`` and liveness on `
 Before an operation destroys or reshapes a published device, the reconciler asks a
 ``ClaimGuard``, which reads the claims naming this node's devices, proved current by a fence
 (``tessera.agent.claimview``: one claim watch per agent instead of a cluster-wide list per
-operation), and refuses when an allocation names the device (``tessera.agent.claimguard``).
+operation; one fence per pass, ``tessera.agent.passclaims``), and refuses when an allocation
+names the device (``tessera.agent.claimguard``).
 
 The DRA kubelet plugin shares the backend; it calls ``request_resync()`` after it creates or
 destroys an instance so the status follows at once.
@@ -42,6 +43,7 @@ from tessera.agent.claimview import ClaimView
 from tessera.agent.health import HealthTracker
 from tessera.agent.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, MetricsRegistry
 from tessera.agent.metricsserver import TEXT, MetricsServer
+from tessera.agent.passclaims import PassClaimReads
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.http import ApiError, KubeClient, retry_delay
@@ -70,6 +72,8 @@ class AgentConfig:
     health_poll_seconds: float = 5.0
     claim_check_timeout_seconds: float = 15.0  # proving the claims current before a destroy
     fence_namespace: str = INSTALL_NAMESPACE  # where the agent's fence claim lives (tessera.agent.claimview)
+    # A pass's later claim reads reuse its first fence for this long (tessera.agent.passclaims); 0: a fence each.
+    claim_reuse_seconds: float = 1.0
     health_recovery_seconds: float | None = 600.0  # an unhealthy GPU clears after this long quiet
 
 
@@ -315,13 +319,15 @@ class NodeAgent:
             self.metrics.pass_seconds.observe(time.monotonic() - started)
 
     def _claim_guard(self, spec: NodeLayoutSpec, previous: NodeLayoutStatus | None) -> ClaimGuard:
-        """The reconciler's last line: this node's claims, proved current, before each destroy.
-        The reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
+        """The reconciler's last line: this node's claims, proved current, before each destroy;
+        one fence per pass while it is young enough (``tessera.agent.passclaims``). The
+        reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
         loop = asyncio.get_running_loop()
         timeout = self.config.claim_check_timeout_seconds
+        reads = PassClaimReads(self.claims.fresh, self.claims.held, self.config.claim_reuse_seconds)
 
         def list_claims() -> list[dict[str, Any]]:
-            future = asyncio.run_coroutine_threadsafe(self.claims.fresh(), loop)
+            future = asyncio.run_coroutine_threadsafe(reads.read(), loop)
             return future.result(2 * timeout + 5)  # the fence's write, then its echo
 
         return ClaimGuard(list_claims, driver=DRIVER_NAME, node=self.config.node_name, spec=spec, published=previous)

@@ -79,7 +79,7 @@ class Controller:
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
         self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later)
-        self.publisher = SlicePublisher(api, self.writes)
+        self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
         self.demand = AdaptiveDemand(self, self._post_event)  # adaptive layouts: waiting claims -> recuts
@@ -87,6 +87,8 @@ class Controller:
                                            self.demand.with_status)
         self._status_task: asyncio.Task[None] | None = None
         self._watches: list[ListWatch] = []
+        # node -> the NodeLayout versions the watch brought while our spec write was in flight
+        self._spec_in_flight: dict[str, list[str | None]] = {}
         self.ready = asyncio.Event()
 
     @property
@@ -300,8 +302,16 @@ class Controller:
         spec is at afterwards."""
         if decision.spec == layout.spec:
             return layout.metadata.generation
-        body = await self.writes("nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube()))
+        self._spec_in_flight[node] = []
+        try:
+            body = await self.writes("nodelayout/spec",
+                                     self.api.patch_node_layout_spec(node, decision.spec.to_kube()))
+        finally:
+            brought = self._spec_in_flight.pop(node, [])
         generation: int | None = body["metadata"].get("generation")
+        ours = body["metadata"].get("resourceVersion")
+        if any(version != ours for version in brought):
+            self.enqueue(node)  # someone else's version (the agent's status) came while we wrote
         view = self.fleet.nodes.get(node)
         if view is not None and view.layout is layout:
             # Only over the version this decision read: a watch event that came in while we
@@ -339,7 +349,8 @@ class Controller:
 
     def layout_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
         """A NodeLayout event: its node is decided again, unless the view holds that very
-        version already (the echo of the spec this operator wrote)."""
+        version already or it is the echo of the spec this operator is writing now (the watch
+        is often faster than the write's answer; ``_write_spec`` judges such events)."""
         name = str(body["metadata"]["name"])
         view = self.fleet.nodes.get(name)
         version = body["metadata"].get("resourceVersion")
@@ -350,6 +361,10 @@ class Controller:
             self.fleet.remove_layout(name)
         else:
             self.fleet.set_layout(body)
+        flight = self._spec_in_flight.get(name)
+        if flight is not None and event_type != "DELETED":
+            flight.append(version)  # judged when our spec write answers: its echo, or not
+            return
         self.enqueue(name)
 
     def claim_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
@@ -366,6 +381,11 @@ class Controller:
         """A watch event for one of our slices: someone else's change to a node's slices (see
         :meth:`SlicePublisher.seen`) has them planned again; our own writes change nothing."""
         if self.publisher.seen(event_type, body) and (pool := slice_pool(body)) in self.fleet.nodes:
+            self.enqueue(pool)
+
+    def _slices_changed(self, pool: str) -> None:
+        """Someone else changed a node's slices while we wrote to them: plan the node again."""
+        if pool in self.fleet.nodes:
             self.enqueue(pool)
 
     async def _forget(self, node: str) -> None:
