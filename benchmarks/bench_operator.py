@@ -687,6 +687,8 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         agents.start()
         await wait_until(lambda: agents.reported() == n, phase_timeout,
                          "every NodeLayout to report its GPUs")
+        # As each agent does at start (NodeAgent.run): its fence claim exists before its first pass.
+        await asyncio.gather(*(a.claims.ensure_fence() for a in agents.agents.values()))
         fig["agent fleet: N NodeLayouts with 8 GPUs"] = f"{time.monotonic() - t:.1f}s"
         print(f"agent fleet ready: {n} NodeLayouts report {GPUS_PER_NODE} GPUs", flush=True)
         published.start()

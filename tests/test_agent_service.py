@@ -32,7 +32,7 @@ async def test_a_spec_the_agent_cannot_read_changes_nothing(monkeypatch: pytest.
     async def get(api: object, name: str) -> dict[str, Any]:
         return unreadable
 
-    async def write(api: object, name: str, status: dict[str, Any]) -> None:
+    async def write(api: object, name: str, status: dict[str, Any], read: object = None) -> None:
         writes.append(status)
 
     monkeypatch.setattr(service, "get_node_layout", get)

@@ -35,6 +35,7 @@ from tessera.agent.claimguard import ClaimGuard
 from tessera.agent.claimview import ClaimView
 from tessera.agent.passclaims import PassClaimReads
 from tessera.agent.reconciler import BlockReason, OpKind, apply_layout
+from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
 from tessera.kube.http import KubeClient
@@ -237,3 +238,40 @@ async def test_the_agent_refuses_to_destroy_a_claimed_instance_and_names_the_cla
     cluster.kubectl("delete", "resourceclaim", "vllm-0", "-n", namespace)
     obj = await wait_for(lambda: settled(generation, "Applied"), timeout=30, message="7g.80gb once the claim is gone")
     assert [(i["profile"], i["start"]) for i in obj["status"]["gpus"][0]["migInstances"]] == [("7g.80gb", 0)]
+
+
+async def test_a_pass_that_repartitions_every_gpu_makes_three_requests(cluster: LocalCluster) -> None:
+    """The agent's own pass (``NodeAgent.reconcile_once``) turning two GPUs to MIG — two
+    destroying operations — reads its NodeLayout, writes its fence once and its status once,
+    over the version it read: the requests of a pass do not grow with the GPUs or the cluster."""
+    cluster.apply(CRD, NAMESPACE_YAML)
+    node = f"pass-{uuidlib.uuid4().hex[:8]}"
+    cluster.add_node(node, labels={"nvidia.com/gpu.present": "true"})
+    api = KubeClient.from_environment(str(cluster.kubeconfig))
+    agent = NodeAgent(AgentConfig(node, metrics_port=None), SimulatedBackend.from_spec(node, "2xH100-80GB"), api)
+    agent.claims.start()
+    sent: list[tuple[str, str]] = []
+    send = api._send
+
+    async def counted(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append((method, path.rsplit("/", 2)[-2] if path.endswith("/status") else path.rsplit("/", 3)[-2]))
+        return await send(method, path, *args, **kwargs)
+
+    try:
+        assert await agent.reconcile_once() is not None  # makes the NodeLayout and its first status
+        await agent.claims.ensure_fence()  # as NodeAgent.run does at start
+        uuids = [g.uuid for g in agent.backend.inventory().gpus]
+        _set_spec(cluster, node, [{"uuid": u, "strategy": "MIG", "migInstances": [{"profile": "7g.80gb", "start": 0}]}
+                                  for u in uuids])
+        api._send = counted  # type: ignore[method-assign]
+        status = await agent.reconcile_once()
+        assert status is not None
+        assert all(g.applied for g in status.gpus), status
+        assert [method for method, _ in sent] == ["GET", "PATCH", "PUT"], sent
+        assert agent.claims.fences == 1
+        assert agent.metrics.registry.get_sample_value("tessera_agent_claim_checks_total") == 2, (
+            "both GPUs' MIG mode changes were checked")
+    finally:
+        await agent.claims.stop()
+        await api.close()
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)

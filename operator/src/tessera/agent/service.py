@@ -208,6 +208,7 @@ class NodeAgent:
         self.claims.start()
         try:
             await self._ensure_layout()
+            await self.claims.ensure_fence()  # made now, so a pass's fence is one write
             failures = 0
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -291,7 +292,9 @@ class NodeAgent:
                 status = status.model_copy(update={"nics": list(self.nic_inventory())})
             heartbeat_due = time.monotonic() - self._last_write >= self.config.resync_seconds
             if previous != status or heartbeat_due:
-                await write_node_layout_status(self.api, self.config.node_name, status.to_kube())
+                # Over the version this pass read: one request, not a read and a write (a
+                # conflict, when the spec changed meanwhile, reads again).
+                await write_node_layout_status(self.api, self.config.node_name, status.to_kube(), read=obj)
                 self._last_write = time.monotonic()
                 self.metrics.status_writes.inc()
             self._status = status
