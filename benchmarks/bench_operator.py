@@ -66,6 +66,7 @@ import asyncio
 import contextlib
 import contextvars
 import io
+import itertools
 import json
 import os
 import pstats
@@ -513,7 +514,7 @@ class RolloutWrites:
         self._generations: dict[str, int] = {}
         # When each node's GPUs were first seen tainted, its spec written, its status reported:
         # the rollout's phases (the last write of each, per node).
-        self.phases: dict[str, dict[str, float]] = {"tainted": {}, "spec": {}, "status": {}}
+        self.phases: dict[str, dict[str, float]] = {"tainted": {}, "spec": {}, "status": {}, "published": {}}
 
     def slice_event(self, kind: str, body: dict[str, Any]) -> None:
         if not self.recording:
@@ -522,8 +523,11 @@ class RolloutWrites:
         node = str(body.get("spec", {}).get("pool", {}).get("name", ""))
         verb = {"ADDED": "create", "MODIFIED": "replace", "DELETED": "delete"}[kind]
         self.by_node.setdefault(node, []).append((version, verb, slice_body(body)))
-        if any(d.get("taints") for d in body.get("spec", {}).get("devices") or []):
+        devices = body.get("spec", {}).get("devices") or []
+        if any(d.get("taints") for d in devices):
             self.phases["tainted"][node] = time.monotonic()
+        elif any("migProfile" in (d.get("attributes") or {}) for d in devices):
+            self.phases["published"][node] = time.monotonic()  # the new layout, untainted
 
     def layout_event(self, kind: str, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
@@ -543,6 +547,20 @@ class RolloutWrites:
             ordered = sorted(times.values())
             if ordered:
                 out.append(f"{phase} {ordered[len(ordered) // 2] - t0:.1f}/{ordered[-1] - t0:.1f}")
+        return ", ".join(out)
+
+    def gaps(self) -> str:
+        """Per node, the seconds between its phases, as median/90th percentile/max: tainted ->
+        spec (the grace, its wave and the operator's queue), spec -> status (the agent's pass),
+        status -> published (the operator's answer to it)."""
+        out = []
+        names = list(self.phases)
+        for before, after in itertools.pairwise(names):
+            gaps = sorted(self.phases[after][n] - self.phases[before][n]
+                          for n in self.phases[after] if n in self.phases[before])
+            if gaps:
+                out.append(f"{before}->{after} {gaps[len(gaps) // 2]:.1f}/{gaps[len(gaps) * 9 // 10]:.1f}/"
+                           f"{gaps[-1]:.1f}")
         return ", ".join(out)
 
     def count(self) -> dict[str, int]:
@@ -751,6 +769,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fig["policy -> Ready, gpusApplied == 8N"] = f"{ready_at - t0:.1f}s"
         fig["policy -> operator quiet"] = f"{quiet_at - t0:.1f}s"
         fig["policy: phases, s to half/all nodes"] = rollout_writes.timeline(t0)
+        fig["policy: per-node gaps, s p50/p90/max"] = rollout_writes.gaps()
         put_writes(fig, "policy: operator API writes", minus(writes_of(after), writes_of(before)))
         fig["policy: operator reconciles (ok/error)"] = (
             f"{int(after.get(RECONCILED, 0) - before.get(RECONCILED, 0))}"
