@@ -134,11 +134,15 @@ async def wait_until(predicate: Callable[[], Awaitable[T | None] | T | None], ti
 async def watch_forever(api: KubeClient, group: str, version: str, plural: str,
                         on_event: Callable[[str, dict[str, Any]], None], label_selector: str | None = None) -> None:
     """Call ``on_event(type, object)`` for every watch event, restarting the watch when it ends
-    (a restarted watch begins with an ADDED event for every object, as a list would)."""
+    from the last resourceVersion it passed on (at 1,000 nodes the apiserver ends a watch whose
+    reader falls behind; begun afresh, it would pass every object on again as ADDED, which the
+    floor's recording would take for writes). Only past a 410 Gone does it begin afresh."""
+    last: str | None = None
     while True:
         try:
             async for kind, obj in api.watch(resource_path(group, version, plural), label_selector=label_selector,
-                                             timeout_seconds=1800):
+                                             timeout_seconds=1800, resource_version=last):
+                last = (obj.get("metadata") or {}).get("resourceVersion") or last
                 on_event(kind, obj)
         except asyncio.CancelledError:
             raise
@@ -512,16 +516,22 @@ class RolloutWrites:
         self.recording = False
         self.by_node: dict[str, list[Write]] = {}
         self._generations: dict[str, int] = {}
+        self._slices: dict[str, int] = {}  # slice name -> the highest resourceVersion seen
         # When each node's GPUs were first seen tainted, its spec written, its status reported:
         # the rollout's phases (the last write of each, per node).
         self.phases: dict[str, dict[str, float]] = {"tainted": {}, "spec": {}, "status": {}, "published": {}}
 
     def slice_event(self, kind: str, body: dict[str, Any]) -> None:
-        if not self.recording:
-            return
+        name = str(body["metadata"]["name"])
         version = int(body["metadata"]["resourceVersion"])
+        known = self._slices.get(name)
+        self._slices[name] = max(version, known or 0)
+        if not self.recording or (known is not None and version <= known):
+            return  # not recording, or a version seen already (a watch begun afresh passes it on again)
         node = str(body.get("spec", {}).get("pool", {}).get("name", ""))
         verb = {"ADDED": "create", "MODIFIED": "replace", "DELETED": "delete"}[kind]
+        if verb == "create" and known is not None:
+            verb = "replace"  # an ADDED for a slice that exists: a watch begun afresh after 410 Gone
         self.by_node.setdefault(node, []).append((version, verb, slice_body(body)))
         devices = body.get("spec", {}).get("devices") or []
         if any(d.get("taints") for d in devices):
