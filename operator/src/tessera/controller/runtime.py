@@ -306,8 +306,11 @@ class Controller:
         try:
             body = await self.writes("nodelayout/spec",
                                      self.api.patch_node_layout_spec(node, decision.spec.to_kube()))
-        finally:
-            brought = self._spec_in_flight.pop(node, [])
+        except BaseException:
+            if self._spec_in_flight.pop(node, None):
+                self.enqueue(node)  # what the watch brought meanwhile is not lost with the write
+            raise
+        brought = self._spec_in_flight.pop(node, [])
         generation: int | None = body["metadata"].get("generation")
         ours = body["metadata"].get("resourceVersion")
         if any(version != ours for version in brought):
