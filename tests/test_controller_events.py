@@ -25,7 +25,7 @@ class RecordingController(Controller):
         super().__init__(cast(Api, object()))
         self.enqueued: list[str] = []
 
-    def enqueue(self, *nodes: str) -> None:
+    def enqueue(self, *nodes: str, bulk: bool = False) -> None:
         self.enqueued.extend(nodes)
 
 

@@ -97,11 +97,12 @@ class Controller:
 
     # -- queue -----------------------------------------------------------------------------
 
-    def enqueue(self, *nodes: str) -> None:
-        self.queue.enqueue(*nodes)
+    def enqueue(self, *nodes: str, bulk: bool = False) -> None:
+        self.queue.enqueue(*nodes, bulk=bulk)
 
     def enqueue_all(self) -> None:
-        self.enqueue(*sorted(self.fleet.nodes))
+        """Every node, behind any node an event or a timer asks for (``WorkQueue``)."""
+        self.enqueue(*sorted(self.fleet.nodes), bulk=True)
 
     def policies_changed(self) -> None:
         """Every node must be decided again; until it is, its GPUs do not count as applied."""
