@@ -329,7 +329,7 @@ class AgentFleet:
         name = meta.get("name")
         if self.writes is not None:
             self.writes.layout_event(kind, body)
-        if name in self.agents and (kind == "DELETED" or meta.get("generation") != self.observed.get(name)):
+        if name in self.agents and self.agents[name].wants_pass(kind, body):  # as NodeAgent._layout_event
             self.enqueue(name)
 
 

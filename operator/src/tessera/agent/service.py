@@ -161,6 +161,7 @@ class NodeAgent:
         self._halt = threading.Event()  # the same, for the health thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status: NodeLayoutStatus | None = None
+        self._reporting: int | None = None  # the generation of the status being written now
         self._last_write = 0.0
         # The NIC family's inventory (tessera.agent.nics), reported beside the GPUs; None: no NICs.
         self.nic_inventory: Callable[[], Sequence[NicStatus]] | None = None
@@ -292,6 +293,8 @@ class NodeAgent:
                 status = status.model_copy(update={"nics": list(self.nic_inventory())})
             heartbeat_due = time.monotonic() - self._last_write >= self.config.resync_seconds
             if previous != status or heartbeat_due:
+                # The watch often brings this write's echo before its answer: it is no news.
+                self._reporting = generation
                 # Over the version this pass read: one request, not a read and a write (a
                 # conflict, when the spec changed meanwhile, reads again).
                 await write_node_layout_status(self.api, self.config.node_name, status.to_kube(), read=obj)
@@ -339,11 +342,15 @@ class NodeAgent:
         """Wake the loop when the NodeLayout changes (or goes), not for the echo of the status
         it wrote itself. ``ListWatch`` keeps the watch going: resumed where the server ended it,
         a fresh list after 410 Gone, other failures retried on ``retry_delay``'s schedule."""
-        status_only = self._status is not None and (obj.get("metadata") or {}).get(
-            "generation"
-        ) == self._status.observed_generation
-        if kind == "DELETED" or not status_only:
+        if self.wants_pass(kind, obj):
             self._wake.set()
+
+    def wants_pass(self, kind: str, obj: dict[str, Any]) -> bool:
+        """Whether a NodeLayout watch event asks for a pass: a deletion, or a generation (a
+        spec) that no status of this agent reports or is being written to report."""
+        generation = (obj.get("metadata") or {}).get("generation")
+        reported = {self._reporting, self._status.observed_generation if self._status is not None else None}
+        return kind == "DELETED" or generation is None or generation not in reported
 
     def _health_events(self) -> None:
         """Thread: block on the backend's health events, count them, wake the loop."""
