@@ -87,6 +87,8 @@ class Controller:
                                            self.demand.with_status)
         self._status_task: asyncio.Task[None] | None = None
         self._watches: list[ListWatch] = []
+        # node -> the moment of the fresh claim list it waits for (the handover's)
+        self._list_asked: dict[str, float] = {}
         # node -> the NodeLayout versions the watch brought while our spec write was in flight
         self._spec_in_flight: dict[str, list[str | None]] = {}
         self.ready = asyncio.Event()
@@ -161,6 +163,7 @@ class Controller:
         have written since), and statuses wait for this term's sweep."""
         if self._terms:
             self.handover = Handover(self.handover.fresh_claims, self.handover.grace, self.queue.later)
+            self._list_asked.clear()
             self.queue.sweep(self.fleet.nodes)
         self._terms += 1
         self.leading.set()
@@ -274,7 +277,17 @@ class Controller:
             # used (an older read would hold on to claims the watch has seen go), then decide
             # again with both: only GPUs whose changing devices were all tainted and that no
             # claim holds get their new layout.
-            fresh = await self.handover.claims_since(self.handover.read_after(cleared))
+            moment = self.handover.read_after(cleared)
+            asked = self._list_asked.pop(node, None)
+            if asked is not None:  # the list this node came back for serves, if after its grace
+                moment = min(moment, max(asked, self.handover.read_after(cleared, now=float("-inf"))))
+            fresh = self.handover.fresh_claims.ready(moment)
+            if fresh is None:
+                # No worker waits for the list (of every claim: a while, in a large cluster);
+                # the node comes back once it is read.
+                self._list_asked[node] = moment
+                self.handover.fresh_claims.prefetch(moment, lambda: self.enqueue(node))
+                return
             decision = decide_node(
                 self.fleet, node, time.monotonic(), drains, {u: d for u, (d, _) in cleared.items()}, fresh
             )
@@ -397,6 +410,7 @@ class Controller:
         await self.publisher.forget(node)
         self.decisions.pop(node, None)
         self.handover.forget(node)
+        self._list_asked.pop(node, None)
         self.drains.forget(node)
         self.missing.forget(node)
         self.fleet.remove_node(node)
