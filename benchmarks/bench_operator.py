@@ -35,9 +35,11 @@ bodies, in resourceVersion order per node). With the operators and the agent fle
 every node is put back, untimed, as it was before the policy; then the recorded writes are made
 again directly with ``KubeClient``, one node after another on N workers, each node's writes in
 order. That is timed for each N of ``--floor-concurrency`` (8, 16 and 32 by default; the node
-is put back before each), and the fastest is the floor. Printed: each time, and the rollout
-(policy -> all slices show the MIG layout) divided by the floor. The floor leaves out what a
-rollout cannot: the agents' status writes, the handover's grace, the watches' traffic.
+is put back before each); the fastest, plus one handover grace (the operator's default, 1 s:
+every node's GPUs must be published tainted for a grace before their new layout, and a rollout
+can at best share one grace among all nodes), is the floor, as issue 22 defines it. Printed:
+each time, and the rollout (policy -> all slices show the MIG layout) divided by the floor. The
+floor leaves out what a rollout cannot: the agents' status writes, the watches' traffic.
 
 The agent fleet: 500 agent processes do not fit a 2-core machine, so one process runs every
 node's agent. Each node has a real ``tessera.agent.service.NodeAgent`` over its own in-memory
@@ -64,6 +66,7 @@ import asyncio
 import contextlib
 import contextvars
 import io
+import itertools
 import json
 import os
 import pstats
@@ -83,6 +86,7 @@ from tessera import DRIVER_NAME, INSTALL_NAMESPACE, RESOURCE_GROUP, RESOURCE_VER
 from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.claimview import ClaimView
 from tessera.agent.service import AgentConfig, NodeAgent
+from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE
 from tessera.kube.http import ApiError, KubeClient, resource_path
 from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
 from tessera.kube.watch import ListWatch
@@ -130,11 +134,15 @@ async def wait_until(predicate: Callable[[], Awaitable[T | None] | T | None], ti
 async def watch_forever(api: KubeClient, group: str, version: str, plural: str,
                         on_event: Callable[[str, dict[str, Any]], None], label_selector: str | None = None) -> None:
     """Call ``on_event(type, object)`` for every watch event, restarting the watch when it ends
-    (a restarted watch begins with an ADDED event for every object, as a list would)."""
+    from the last resourceVersion it passed on (at 1,000 nodes the apiserver ends a watch whose
+    reader falls behind; begun afresh, it would pass every object on again as ADDED, which the
+    floor's recording would take for writes). Only past a 410 Gone does it begin afresh."""
+    last: str | None = None
     while True:
         try:
             async for kind, obj in api.watch(resource_path(group, version, plural), label_selector=label_selector,
-                                             timeout_seconds=1800):
+                                             timeout_seconds=1800, resource_version=last):
+                last = (obj.get("metadata") or {}).get("resourceVersion") or last
                 on_event(kind, obj)
         except asyncio.CancelledError:
             raise
@@ -321,7 +329,7 @@ class AgentFleet:
         name = meta.get("name")
         if self.writes is not None:
             self.writes.layout_event(kind, body)
-        if name in self.agents and (kind == "DELETED" or meta.get("generation") != self.observed.get(name)):
+        if name in self.agents and self.agents[name].wants_pass(kind, body):  # as NodeAgent._layout_event
             self.enqueue(name)
 
 
@@ -530,19 +538,28 @@ class RolloutWrites:
         self.recording = False
         self.by_node: dict[str, list[Write]] = {}
         self._generations: dict[str, int] = {}
+        self._slices: dict[str, int] = {}  # slice name -> the highest resourceVersion seen
         # When each node's GPUs were first seen tainted, its spec written, its status reported:
         # the rollout's phases (the last write of each, per node).
-        self.phases: dict[str, dict[str, float]] = {"tainted": {}, "spec": {}, "status": {}}
+        self.phases: dict[str, dict[str, float]] = {"tainted": {}, "spec": {}, "status": {}, "published": {}}
 
     def slice_event(self, kind: str, body: dict[str, Any]) -> None:
-        if not self.recording:
-            return
+        name = str(body["metadata"]["name"])
         version = int(body["metadata"]["resourceVersion"])
+        known = self._slices.get(name)
+        self._slices[name] = max(version, known or 0)
+        if not self.recording or (known is not None and version <= known):
+            return  # not recording, or a version seen already (a watch begun afresh passes it on again)
         node = str(body.get("spec", {}).get("pool", {}).get("name", ""))
         verb = {"ADDED": "create", "MODIFIED": "replace", "DELETED": "delete"}[kind]
+        if verb == "create" and known is not None:
+            verb = "replace"  # an ADDED for a slice that exists: a watch begun afresh after 410 Gone
         self.by_node.setdefault(node, []).append((version, verb, slice_body(body)))
-        if any(d.get("taints") for d in body.get("spec", {}).get("devices") or []):
+        devices = body.get("spec", {}).get("devices") or []
+        if any(d.get("taints") for d in devices):
             self.phases["tainted"][node] = time.monotonic()
+        elif any("migProfile" in (d.get("attributes") or {}) for d in devices):
+            self.phases["published"][node] = time.monotonic()  # the new layout, untainted
 
     def layout_event(self, kind: str, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
@@ -562,6 +579,20 @@ class RolloutWrites:
             ordered = sorted(times.values())
             if ordered:
                 out.append(f"{phase} {ordered[len(ordered) // 2] - t0:.1f}/{ordered[-1] - t0:.1f}")
+        return ", ".join(out)
+
+    def gaps(self) -> str:
+        """Per node, the seconds between its phases, as median/90th percentile/max: tainted ->
+        spec (the grace, its wave and the operator's queue), spec -> status (the agent's pass),
+        status -> published (the operator's answer to it)."""
+        out = []
+        names = list(self.phases)
+        for before, after in itertools.pairwise(names):
+            gaps = sorted(self.phases[after][n] - self.phases[before][n]
+                          for n in self.phases[after] if n in self.phases[before])
+            if gaps:
+                out.append(f"{before}->{after} {gaps[len(gaps) // 2]:.1f}/{gaps[len(gaps) * 9 // 10]:.1f}/"
+                           f"{gaps[-1]:.1f}")
         return ", ".join(out)
 
     def count(self) -> dict[str, int]:
@@ -706,6 +737,8 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         agents.start()
         await wait_until(lambda: agents.reported() == n, phase_timeout,
                          "every NodeLayout to report its GPUs")
+        # As each agent does at start (NodeAgent.run): its fence claim exists before its first pass.
+        await asyncio.gather(*(a.claims.ensure_fence() for a in agents.agents.values()))
         fig["agent fleet: N NodeLayouts with 8 GPUs"] = f"{time.monotonic() - t:.1f}s"
         print(f"agent fleet ready: {n} NodeLayouts report {GPUS_PER_NODE} GPUs", flush=True)
         published.start()
@@ -768,6 +801,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fig["policy -> Ready, gpusApplied == 8N"] = f"{ready_at - t0:.1f}s"
         fig["policy -> operator quiet"] = f"{quiet_at - t0:.1f}s"
         fig["policy: phases, s to half/all nodes"] = rollout_writes.timeline(t0)
+        fig["policy: per-node gaps, s p50/p90/max"] = rollout_writes.gaps()
         put_writes(fig, "policy: operator API writes", minus(writes_of(after), writes_of(before)))
         fig["policy: operator reconciles (ok/error)"] = (
             f"{int(after.get(RECONCILED, 0) - before.get(RECONCILED, 0))}"
@@ -810,9 +844,13 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
             await restore(kube, slices_before, specs_before, concurrency)
             floors.append(await replay(kube, rollout_writes, concurrency))
             fig[f"floor: same writes raw, {concurrency} nodes at once"] = f"{floors[-1]:.1f}s"
-        ratio = (published_at - t0) / min(floors)
-        fig["rollout (all slices MIG) / floor (the fastest)"] = f"{ratio:.2f}x"
-        print(f"rollout/floor N={n}: {ratio:.2f}x (rollout {published_at - t0:.1f} s, floor {min(floors):.1f} s)",
+        # The floor as issue 22 defines it: the minimal writes, plus one handover grace (a rollout
+        # can share one grace among every node, never skip it).
+        floor = min(floors) + DEFAULT_HANDOVER_GRACE
+        fig["floor: fastest + one handover grace"] = f"{floor:.1f}s"
+        ratio = (published_at - t0) / floor
+        fig["rollout (all slices MIG) / floor"] = f"{ratio:.2f}x"
+        print(f"rollout/floor N={n}: {ratio:.2f}x (rollout {published_at - t0:.1f} s, floor {floor:.1f} s)",
               flush=True)
         return result
     except BaseException:

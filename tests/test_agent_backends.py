@@ -339,3 +339,32 @@ def test_without_a_device_folder_the_simulated_backend_makes_no_host_files(tmp_p
     backend = SimulatedBackend.from_spec("n", "1xH100-80GB", None, str(tmp_path / "mps"))
     pipe = backend.start_mps(backend.inventory().gpus[0].uuid)
     assert not Path(pipe).exists()
+
+
+def test_a_snapshot_is_a_deep_copy_equal_to_the_json_round_trip() -> None:
+    """``SimState.copy`` (what ``snapshot`` returns) is the state as JSON would carry it, and
+    nothing in it is shared with the live state."""
+    from dataclasses import asdict
+
+    from tessera.agent.backends.simstate import SimEvent, SimFault, SimState
+
+    hw = SimulatedHardware("copy-node", parse_simulate_spec("2xH100-80GB"))
+    hw.set_mig_mode(0, True)
+    gi = hw.create_gpu_instance(0, 9, 0)  # 3g.40gb
+    _, mig_uuid = hw.create_compute_instance(0, gi)
+    hw.hold(mig_uuid, "claim-a")
+    with hw.transaction() as live:
+        live.mps["GPU-x"] = "/pipes/x"
+        live.mps_defaults["GPU-x"] = {"active_thread_percentage": 50, "pinned_memory_limit_mib": None}
+        live.faults.append(SimFault("destroy_gpu_instance", "in use", gpu_index=0))
+        live.events.append(SimEvent(gpu_index=1, kind="xid", xid=79))
+        expected = SimState.from_json(asdict(live))
+
+    snap = hw.snapshot()
+    assert snap == expected
+    snap.gpus[0].instances[0].start = 4
+    snap.gpus[0].instances.clear()
+    snap.holds[mig_uuid].append("claim-b")
+    snap.mps_defaults["GPU-x"]["active_thread_percentage"] = 10
+    snap.faults[0].remaining = 0
+    assert hw.snapshot() == expected, "changing the copy leaves the hardware alone"

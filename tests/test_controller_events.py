@@ -6,9 +6,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from tessera.controller.decide import NodeDecision
 from tessera.controller.publisher import slice_stub
 from tessera.controller.runtime import Controller
+from tessera.kube.http import ApiError
 from tessera.kube.objects import Api
 from tessera.models.layout import NodeLayoutSpec
 from tests.controller_fleet import NODE, claim_body, layout_body, layout_of, node_body, policy_body
@@ -22,7 +25,7 @@ class RecordingController(Controller):
         super().__init__(cast(Api, object()))
         self.enqueued: list[str] = []
 
-    def enqueue(self, *nodes: str) -> None:
+    def enqueue(self, *nodes: str, bulk: bool = False) -> None:
         self.enqueued.extend(nodes)
 
 
@@ -169,12 +172,41 @@ async def test_the_answer_to_a_spec_write_never_replaces_a_newer_layout_the_watc
     controller.api = cast(Api, SimpleNamespace(patch_node_layout_spec=patch_node_layout_spec))
     decision = cast(NodeDecision, SimpleNamespace(spec=wanted))
 
+    controller.enqueued.clear()
     assert await controller._write_spec(NODE, decided_on, decision) == 2
     layout = controller.fleet.nodes[NODE].layout
     assert layout is not None
     assert layout.metadata.resource_version == "12", "the newer report stays"
     assert layout.status is not None
     assert layout.status.gpus[0].mig_instances
+    assert controller.enqueued == [NODE], "the agent's report is someone else's change: once, when we are answered"
+
+
+async def test_the_echo_of_our_spec_write_that_overtakes_the_answer_enqueues_nothing() -> None:
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    before = layout_body([gpu(0)], [layout_of(gpu(0))])
+    before["metadata"]["resourceVersion"] = "10"
+    controller.layout_seen("MODIFIED", before)
+    decided_on = controller.fleet.nodes[NODE].layout
+    assert decided_on is not None
+    wanted = NodeLayoutSpec(gpus=[layout_of(mig_gpu(0))])
+    answer = layout_body([gpu(0)], wanted.gpus, generation=2)
+    answer["metadata"]["resourceVersion"] = "11"
+
+    async def patch_node_layout_spec(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        controller.layout_seen("MODIFIED", answer)  # our echo, before our answer
+        return answer
+
+    controller.api = cast(Api, SimpleNamespace(patch_node_layout_spec=patch_node_layout_spec))
+    controller.enqueued.clear()
+    assert await controller._write_spec(NODE, decided_on, cast(NodeDecision, SimpleNamespace(spec=wanted))) == 2
+    assert controller.enqueued == []
+    layout = controller.fleet.nodes[NODE].layout
+    assert layout is not None
+    assert layout.metadata.resource_version == "11"
+    controller.layout_seen("MODIFIED", answer)
+    assert controller.enqueued == [], "and when it comes again (a relist), the view holds it already"
 
 
 async def test_a_list_at_start_is_tried_again_until_the_apiserver_answers(monkeypatch: Any) -> None:
@@ -195,3 +227,26 @@ async def test_a_list_at_start_is_tried_again_until_the_apiserver_answers(monkey
     controller.api = cast(Api, SimpleNamespace(list_all=list_all))
     assert await controller._list_until_answered(("tessera.dev", "v1alpha1", "sharingpolicies")) == [policy_body("p")]
     assert answers == []
+
+
+async def test_a_spec_write_that_fails_still_hands_on_what_the_watch_brought_meanwhile() -> None:
+    controller = RecordingController()
+    controller.node_seen("ADDED", node_body())
+    before = layout_body([gpu(0)], [layout_of(gpu(0))])
+    before["metadata"]["resourceVersion"] = "10"
+    controller.layout_seen("MODIFIED", before)
+    decided_on = controller.fleet.nodes[NODE].layout
+    assert decided_on is not None
+    reported = layout_body([gpu(0)], [layout_of(gpu(0))], observed_generation=1)
+    reported["metadata"]["resourceVersion"] = "11"
+
+    async def patch_node_layout_spec(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        controller.layout_seen("MODIFIED", reported)  # the agent's status, while we write
+        raise ApiError(500, "InternalError", "etcd away")
+
+    controller.api = cast(Api, SimpleNamespace(patch_node_layout_spec=patch_node_layout_spec))
+    controller.enqueued.clear()
+    wanted = NodeLayoutSpec(gpus=[layout_of(mig_gpu(0))])
+    with pytest.raises(ApiError):
+        await controller._write_spec(NODE, decided_on, cast(NodeDecision, SimpleNamespace(spec=wanted)))
+    assert controller.enqueued == [NODE]

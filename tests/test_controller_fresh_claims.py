@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tessera.controller.freshclaims import FreshClaims
+from tests.conditions import until
 from tests.controller_fleet import claim_body
 
 
@@ -72,3 +73,34 @@ async def test_a_failed_list_raises_for_its_callers_and_the_next_one_lists_again
 
     holds = await fresh.since(time.monotonic())
     assert [h.key for h in holds] == ["default/held"]
+
+
+async def test_prefetch_calls_back_once_a_list_after_the_moment_is_read_and_ready_then_serves_it() -> None:
+    reader = CountingReader()
+    fresh = FreshClaims(reader)
+    moment = time.monotonic()
+    assert fresh.ready(moment) is None
+    called: list[str] = []
+    for node in ("a", "b", "c"):
+        fresh.prefetch(moment, lambda n=node: called.append(n))  # type: ignore[misc]
+    assert called == [], "nobody waits: the callers are told later"
+    await until(lambda: len(called) == 3, "the three callbacks")
+    assert len(reader.calls) == 1, "the three share one list"
+    holds = fresh.ready(moment)
+    assert holds is not None
+    assert [h.key for h in holds] == ["default/held"]
+    assert fresh.ready(time.monotonic()) is None, "a later moment needs a later list"
+
+
+async def test_after_a_failed_list_prefetch_calls_back_only_after_the_retry_delay() -> None:
+    async def failing() -> list[dict[str, Any]]:
+        raise OSError("apiserver away")
+
+    fresh = FreshClaims(failing)
+    called: list[float] = []
+    started = time.monotonic()
+    fresh.prefetch(started, lambda: called.append(time.monotonic()), retry_after=0.2)
+    await until(lambda: len(called) == 1, "the callback after the retry delay")
+    assert called[0] - started >= 0.2
+    assert fresh.ready(started) is None
+

@@ -327,3 +327,55 @@ async def test_the_cache_holds_each_slice_packed_and_gives_back_what_the_api_sen
     assert entry.body() == seen
     as_json = len(json.dumps(seen, separators=(",", ":")))
     assert len(entry.packed) * 3 < as_json, f"{len(entry.packed)} bytes kept for a {as_json}-byte slice"
+
+
+async def test_an_echo_that_overtakes_our_answer_is_still_our_own_and_asks_for_no_replan() -> None:
+    """The watch often brings our write before its answer: that event is no change, the slice is
+    known to match what we built, and nobody is asked to plan the pool again."""
+    api = FakeSliceApi()
+    replans: list[str] = []
+    writes = Writes()
+    pub = SlicePublisher(cast(Api, api), writes, replans.append)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    replace = api.replace_slice
+    told: list[bool] = []
+
+    async def replace_echo_first(body: dict[str, Any]) -> dict[str, Any]:
+        answer = await replace(body)
+        told.append(pub.seen("MODIFIED", copy.deepcopy(api.stored[body["metadata"]["name"]])))
+        return answer
+
+    api.replace_slice = replace_echo_first  # type: ignore[method-assign]
+    tainted = [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()]
+    await pub.publish(NODE, NODE_UID, tainted)
+    assert told == [False], "the echo that came before the answer is our own"
+    assert replans == []
+    assert all(entry.matches is not None for entry in pub.slices[NODE].values()), "known to match what we built"
+    made = len(writes.made)
+    await pub.publish(NODE, NODE_UID, tainted)
+    assert len(writes.made) == made
+
+
+async def test_someone_elses_version_while_we_write_has_the_pool_planned_again() -> None:
+    api = FakeSliceApi()
+    replans: list[str] = []
+    pub = SlicePublisher(cast(Api, api), Writes(), replans.append)
+    await pub.publish(NODE, NODE_UID, two_gpus())
+    name = f"{NODE}-tessera-gpu-0"
+    replace = api.replace_slice
+
+    async def replace_then_theirs(body: dict[str, Any]) -> dict[str, Any]:
+        answer = await replace(body)
+        assert not pub.seen("MODIFIED", copy.deepcopy(api.stored[name])), "our echo"
+        theirs = copy.deepcopy(api.stored[name])
+        theirs["metadata"]["resourceVersion"] = "9000"
+        theirs["spec"]["devices"] = []
+        api.stored[name] = theirs
+        assert not pub.seen("MODIFIED", copy.deepcopy(theirs)), "judged when our answer comes"
+        return answer
+
+    api.replace_slice = replace_then_theirs  # type: ignore[method-assign]
+    await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+    assert replans == [NODE]
+    assert pub.slices[NODE][name].resource_version == "9000", "the cache keeps the newest version"
+    assert pub.slices[NODE][name].matches is None, "and does not take it for ours"

@@ -178,3 +178,53 @@ async def test_a_gated_queue_reconciles_only_while_leading_and_a_refused_write_i
         await until(lambda: calls == ["node-a", "node-a"], "the next term's try")
     finally:
         await queue.stop()
+
+
+async def test_an_event_goes_before_a_sweep_of_every_node_and_a_swept_node_it_names_moves_up() -> None:
+    """A rollout is a pipeline: a node an event or a timer names (its grace over, its agent's
+    report) is reconciled before the rest of a sweep; a node of the sweep that an event names
+    moves up, and is reconciled once."""
+    reconcile = Recorder()
+    reconcile.gate = asyncio.Event()
+    queue = WorkQueue(reconcile, workers=1)
+    queue.start()
+    try:
+        queue.enqueue("a", "b", "c", "d", bulk=True)
+        await until(lambda: reconcile.calls == ["a"], "the first node of the sweep to start")
+        queue.enqueue("event")
+        queue.enqueue("c")  # in the sweep, and now asked for
+        queue.enqueue("b", bulk=True)  # asked for by another sweep: stays where it is
+        reconcile.gate.set()
+        await until(lambda: not reconcile.running and queue.idle, "the queue to go idle")
+    finally:
+        await queue.stop()
+    assert reconcile.calls == ["a", "event", "c", "b", "d"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_sweeps_and_events_mixed_at_random_reconcile_every_node_asked_for_and_never_two_at_once(
+        seed: int) -> None:
+    reconcile = Recorder(seed)
+    queue = WorkQueue(reconcile, workers=3)
+    queue.start()
+    rng = random.Random(seed)
+    nodes = [f"node-{i}" for i in range(8)]
+    asked_after: dict[str, int] = {}  # node -> how many reconciles had started when last asked for
+    try:
+        for _ in range(300):
+            if rng.random() < 0.05:
+                queue.enqueue(*nodes, bulk=True)
+                asked_after.update(dict.fromkeys(nodes, len(reconcile.calls)))
+            else:
+                node = rng.choice(nodes)
+                queue.enqueue(node)
+                asked_after[node] = len(reconcile.calls)
+            if rng.random() < 0.3:
+                await asyncio.sleep(rng.uniform(0, 0.002))
+        await until(lambda: not reconcile.running and queue.idle, "the queue to go idle")
+    finally:
+        await queue.stop()
+    assert reconcile.overlaps == []
+    for node, calls in asked_after.items():
+        assert node in reconcile.calls[calls:], f"seed {seed}: {node} asked for and not reconciled after"
+

@@ -6,7 +6,8 @@ just before the agent would destroy it keeps its device, and the agent says whic
    guard reads claims right before the destroy, so it sees the allocation. Seeded rounds pick
    which instance is claimed and whether the claim lands before or after the plan. The claims
    come from a cluster-wide quorum list, or from the agent's ``ClaimView`` (one claim watch,
-   proved current by its fence claim), which must see the allocation just as surely.
+   proved current by its fence claim, one fence per pass: ``tessera.agent.passclaims``), which
+   must see the allocation just as surely.
 2. The agent process: a claim allocated, then at once a spec that would remove its instance;
    the agent keeps it, reports ``InstanceInUse`` naming the claim, and finishes the layout once
    the claim is gone.
@@ -32,7 +33,9 @@ from tessera.agent.backends.base import GpuInfo, Inventory
 from tessera.agent.backends.simulated import SimulatedBackend, SimulatedHardware, parse_simulate_spec
 from tessera.agent.claimguard import ClaimGuard
 from tessera.agent.claimview import ClaimView
+from tessera.agent.passclaims import PassClaimReads
 from tessera.agent.reconciler import BlockReason, OpKind, apply_layout
+from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.agent.status import build_status
 from tessera.kube.claims import list_resource_claims
 from tessera.kube.http import KubeClient
@@ -104,7 +107,8 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
         view = ClaimView(api, driver=DRIVER_NAME, node=node, fence_namespace=INSTALL_NAMESPACE)
         view.start()
         views.append(view)
-        return lambda: asyncio.run_coroutine_threadsafe(view.fresh(), loop).result(30)
+        reads = PassClaimReads(view.fresh, view.held, max_age=30.0)  # the round is one pass: one fence
+        return lambda: asyncio.run_coroutine_threadsafe(reads.read(), loop).result(30)
 
     try:
         for round_no in range(6):
@@ -140,7 +144,7 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
             if start == 4:  # destroys run in slice order: the unclaimed 3g.40gb@0 went first
                 assert ("3g.40gb", 0) not in left, f"{where}: the unclaimed instance was spared"
         for view in views:
-            assert view.fences >= 1, "the guard's read was proved current by the fence"
+            assert view.fences == 1, "the round's reads (two destroys when gpu-0 is claimed at 4) shared one fence"
             assert view.fallback_lists == 0, "no cluster-wide list"
     finally:
         for view in views:
@@ -234,3 +238,40 @@ async def test_the_agent_refuses_to_destroy_a_claimed_instance_and_names_the_cla
     cluster.kubectl("delete", "resourceclaim", "vllm-0", "-n", namespace)
     obj = await wait_for(lambda: settled(generation, "Applied"), timeout=30, message="7g.80gb once the claim is gone")
     assert [(i["profile"], i["start"]) for i in obj["status"]["gpus"][0]["migInstances"]] == [("7g.80gb", 0)]
+
+
+async def test_a_pass_that_repartitions_every_gpu_makes_three_requests(cluster: LocalCluster) -> None:
+    """The agent's own pass (``NodeAgent.reconcile_once``) turning two GPUs to MIG — two
+    destroying operations — reads its NodeLayout, writes its fence once and its status once,
+    over the version it read: the requests of a pass do not grow with the GPUs or the cluster."""
+    cluster.apply(CRD, NAMESPACE_YAML)
+    node = f"pass-{uuidlib.uuid4().hex[:8]}"
+    cluster.add_node(node, labels={"nvidia.com/gpu.present": "true"})
+    api = KubeClient.from_environment(str(cluster.kubeconfig))
+    agent = NodeAgent(AgentConfig(node, metrics_port=None), SimulatedBackend.from_spec(node, "2xH100-80GB"), api)
+    agent.claims.start()
+    sent: list[tuple[str, str]] = []
+    send = api._send
+
+    async def counted(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append((method, path.rsplit("/", 2)[-2] if path.endswith("/status") else path.rsplit("/", 3)[-2]))
+        return await send(method, path, *args, **kwargs)
+
+    try:
+        assert await agent.reconcile_once() is not None  # makes the NodeLayout and its first status
+        await agent.claims.ensure_fence()  # as NodeAgent.run does at start
+        uuids = [g.uuid for g in agent.backend.inventory().gpus]
+        _set_spec(cluster, node, [{"uuid": u, "strategy": "MIG", "migInstances": [{"profile": "7g.80gb", "start": 0}]}
+                                  for u in uuids])
+        api._send = counted  # type: ignore[method-assign]
+        status = await agent.reconcile_once()
+        assert status is not None
+        assert all(g.applied for g in status.gpus), status
+        assert [method for method, _ in sent] == ["GET", "PATCH", "PUT"], sent
+        assert agent.claims.fences == 1
+        assert agent.metrics.registry.get_sample_value("tessera_agent_claim_checks_total") == 2, (
+            "both GPUs' MIG mode changes were checked")
+    finally:
+        await agent.claims.stop()
+        await api.close()
+        cluster.kubectl("delete", "node", node, "--wait=false", check=False)

@@ -126,6 +126,16 @@ class ClaimView:
         async with self._changed:
             self._changed.notify_all()
 
+    async def ensure_fence(self) -> None:
+        """Make the fence claim exist (with a token no read waits for), so that the first
+        ``fresh()`` of a pass is one write, not a failed patch and a create. A failure is
+        logged, not raised: ``fresh()`` creates the claim itself when it must."""
+        try:
+            await write_claim_fence(self.api, self.fence_namespace, self.fence_name, f"{self._boot}-0",
+                                    timeout_s=self.timeout_s)
+        except ApiError as error:
+            log.info("could not make the claim fence yet", namespace=self.fence_namespace, error=str(error))
+
     # -- the guard's read -----------------------------------------------------------------------
 
     def claim_copy(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -15,7 +15,8 @@ heartbeat is due. It serves Prometheus metrics on ``/metrics`` and liveness on `
 Before an operation destroys or reshapes a published device, the reconciler asks a
 ``ClaimGuard``, which reads the claims naming this node's devices, proved current by a fence
 (``tessera.agent.claimview``: one claim watch per agent instead of a cluster-wide list per
-operation), and refuses when an allocation names the device (``tessera.agent.claimguard``).
+operation; one fence per pass, ``tessera.agent.passclaims``), and refuses when an allocation
+names the device (``tessera.agent.claimguard``).
 
 The DRA kubelet plugin shares the backend; it calls ``request_resync()`` after it creates or
 destroys an instance so the status follows at once.
@@ -42,6 +43,7 @@ from tessera.agent.claimview import ClaimView
 from tessera.agent.health import HealthTracker
 from tessera.agent.metrics import CONTENT_TYPE, Counter, Gauge, Histogram, MetricsRegistry
 from tessera.agent.metricsserver import TEXT, MetricsServer
+from tessera.agent.passclaims import PassClaimReads
 from tessera.agent.reconciler import ApplyResult, apply_layout
 from tessera.agent.status import build_status
 from tessera.kube.http import ApiError, KubeClient, retry_delay
@@ -70,6 +72,8 @@ class AgentConfig:
     health_poll_seconds: float = 5.0
     claim_check_timeout_seconds: float = 15.0  # proving the claims current before a destroy
     fence_namespace: str = INSTALL_NAMESPACE  # where the agent's fence claim lives (tessera.agent.claimview)
+    # A pass's later claim reads reuse its first fence for this long (tessera.agent.passclaims); 0: a fence each.
+    claim_reuse_seconds: float = 1.0
     health_recovery_seconds: float | None = 600.0  # an unhealthy GPU clears after this long quiet
 
 
@@ -157,6 +161,7 @@ class NodeAgent:
         self._halt = threading.Event()  # the same, for the health thread
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status: NodeLayoutStatus | None = None
+        self._reporting: int | None = None  # the generation of the status being written now
         self._last_write = 0.0
         # The NIC family's inventory (tessera.agent.nics), reported beside the GPUs; None: no NICs.
         self.nic_inventory: Callable[[], Sequence[NicStatus]] | None = None
@@ -204,6 +209,7 @@ class NodeAgent:
         self.claims.start()
         try:
             await self._ensure_layout()
+            await self.claims.ensure_fence()  # made now, so a pass's fence is one write
             failures = 0
             while not self._stopping.is_set():
                 self._wake.clear()
@@ -287,7 +293,11 @@ class NodeAgent:
                 status = status.model_copy(update={"nics": list(self.nic_inventory())})
             heartbeat_due = time.monotonic() - self._last_write >= self.config.resync_seconds
             if previous != status or heartbeat_due:
-                await write_node_layout_status(self.api, self.config.node_name, status.to_kube())
+                # The watch often brings this write's echo before its answer: it is no news.
+                self._reporting = generation
+                # Over the version this pass read: one request, not a read and a write (a
+                # conflict, when the spec changed meanwhile, reads again).
+                await write_node_layout_status(self.api, self.config.node_name, status.to_kube(), read=obj)
                 self._last_write = time.monotonic()
                 self.metrics.status_writes.inc()
             self._status = status
@@ -315,13 +325,15 @@ class NodeAgent:
             self.metrics.pass_seconds.observe(time.monotonic() - started)
 
     def _claim_guard(self, spec: NodeLayoutSpec, previous: NodeLayoutStatus | None) -> ClaimGuard:
-        """The reconciler's last line: this node's claims, proved current, before each destroy.
-        The reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
+        """The reconciler's last line: this node's claims, proved current, before each destroy;
+        one fence per pass while it is young enough (``tessera.agent.passclaims``). The
+        reconciler runs in a worker thread; the read runs on this loop and the thread waits."""
         loop = asyncio.get_running_loop()
         timeout = self.config.claim_check_timeout_seconds
+        reads = PassClaimReads(self.claims.fresh, self.claims.held, self.config.claim_reuse_seconds)
 
         def list_claims() -> list[dict[str, Any]]:
-            future = asyncio.run_coroutine_threadsafe(self.claims.fresh(), loop)
+            future = asyncio.run_coroutine_threadsafe(reads.read(), loop)
             return future.result(2 * timeout + 5)  # the fence's write, then its echo
 
         return ClaimGuard(list_claims, driver=DRIVER_NAME, node=self.config.node_name, spec=spec, published=previous)
@@ -330,11 +342,15 @@ class NodeAgent:
         """Wake the loop when the NodeLayout changes (or goes), not for the echo of the status
         it wrote itself. ``ListWatch`` keeps the watch going: resumed where the server ended it,
         a fresh list after 410 Gone, other failures retried on ``retry_delay``'s schedule."""
-        status_only = self._status is not None and (obj.get("metadata") or {}).get(
-            "generation"
-        ) == self._status.observed_generation
-        if kind == "DELETED" or not status_only:
+        if self.wants_pass(kind, obj):
             self._wake.set()
+
+    def wants_pass(self, kind: str, obj: dict[str, Any]) -> bool:
+        """Whether a NodeLayout watch event asks for a pass: a deletion, or a generation (a
+        spec) that no status of this agent reports or is being written to report."""
+        generation = (obj.get("metadata") or {}).get("generation")
+        reported = {self._reporting, self._status.observed_generation if self._status is not None else None}
+        return kind == "DELETED" or generation is None or generation not in reported
 
     def _health_events(self) -> None:
         """Thread: block on the backend's health events, count them, wake the loop."""

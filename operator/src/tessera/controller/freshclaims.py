@@ -2,7 +2,10 @@
 the caller names — what the handover checks a tainted GPU against, since the watch may lag.
 
 Many nodes waiting at once share one read: a caller gets the result of a list started at or
-after its moment, joining one in flight when that one qualifies.
+after its moment, joining one in flight when that one qualifies. A caller that must not wait
+(a worker of the operator's queue: a list of every claim of a large cluster takes a while, and
+a worker waiting for it is a worker doing nothing) takes ``ready`` if it has an answer, and else
+asks ``prefetch`` to call it back once one is read.
 Not for: the watch's view of claims (``state.Fleet``) or deciding what a hold means (``decide``).
 """
 
@@ -27,6 +30,27 @@ class FreshClaims:
         self._read = read
         self._last: tuple[float, list[ClaimHold]] | None = None
         self._inflight: tuple[float, asyncio.Task[list[ClaimHold]]] | None = None
+
+    def ready(self, moment: float) -> list[ClaimHold] | None:
+        """The holds from the last list if it started at or after ``moment``; else None."""
+        if self._last is not None and self._last[0] >= moment:
+            return self._last[1]
+        return None
+
+    def prefetch(self, moment: float, then: Callable[[], None], retry_after: float = 1.0) -> None:
+        """Read (or join the reading of) a list started at or after ``moment`` in the background,
+        and call ``then`` once it is read; after a failed list, ``retry_after`` seconds later."""
+        task = asyncio.ensure_future(self.since(moment))
+
+        def done(finished: asyncio.Future[list[ClaimHold]]) -> None:
+            if finished.cancelled():
+                return
+            if finished.exception() is not None:
+                asyncio.get_running_loop().call_later(retry_after, then)
+            else:
+                then()
+
+        task.add_done_callback(done)
 
     async def since(self, moment: float) -> list[ClaimHold]:
         while True:

@@ -7,6 +7,13 @@ away; a person deletes one) makes the pool be planned again from the truth; the 
 own writes changes nothing. The cache is filled by the slice watch's first list; at start,
 slices whose node has gone are deleted.
 
+Our own echoes are told apart even when the watch is faster than the write's answer (it often
+is: the apiserver sends the event and the response at once). While a write to a slice is in
+flight, the watch's events for that slice are kept in the cache but set aside; once the answer
+comes, those that are our write's own version are its echo, and any other version (someone
+else wrote around ours) has the pool planned again through ``replan``. So a rollout reconciles
+each node for what it asked, not once more per echo that overtook an answer.
+
 The cache is kept small and a publish that changes nothing cheap, because a fleet holds
 thousands of slices and every reconcile publishes:
 - each slice is kept as compact JSON without ``managedFields``, zlib-compressed (parsed, a
@@ -106,10 +113,14 @@ def _unchanged(cached: Mapping[str, CachedSlice], digests: Mapping[str, bytes]) 
 class SlicePublisher:
     """Our slices, per pool, and every write to them."""
 
-    def __init__(self, api: Api, write: Writer = _unmetered) -> None:
+    def __init__(self, api: Api, write: Writer = _unmetered, replan: Callable[[str], None] = lambda pool: None) -> None:
         self.api = api
         self._write = write
+        self._replan = replan  # a pool someone else changed while we wrote to it: plan it again
         self.slices: dict[str, dict[str, CachedSlice]] = {}  # pool -> slice name -> what the API holds
+        # slice name -> the versions the watch brought while our write to it was in flight
+        # (None: a deletion); an entry exists exactly while a write is in flight
+        self._in_flight: dict[str, list[str | None]] = {}
 
     def bodies(self, pool: str) -> list[ResourceSlice]:
         """The cached slices of ``pool``, parsed, by name."""
@@ -122,7 +133,16 @@ class SlicePublisher:
 
     def seen(self, event_type: str, body: Mapping[str, Any]) -> bool:
         """Apply a watch event for one of our slices to the cache; True when it was someone
-        else's change (its pool must be planned again), False for the echo of our own write."""
+        else's change (its pool must be planned again), False for the echo of our own write.
+        An event for a slice we are writing now is judged when the write answers (``_all``)."""
+        changed = self._apply(event_type, body)
+        flight = self._in_flight.get(str(body["metadata"]["name"]))
+        if changed and flight is not None:
+            flight.append(None if event_type == "DELETED" else body["metadata"].get("resourceVersion"))
+            return False
+        return changed
+
+    def _apply(self, event_type: str, body: Mapping[str, Any]) -> bool:
         spec = body.get("spec") or {}
         if event_type != "DELETED" and spec.get("driver") != DRIVER:
             return False  # labelled as ours, but another driver's: not ours to keep or change
@@ -185,17 +205,33 @@ class SlicePublisher:
         or a missing slice (someone else wrote) re-reads the pool; any failure is raised once
         every write has answered."""
         planned = {name: cached.get(name) for name, _ in calls}
-        results = await asyncio.gather(*(self._write(what, call) for _, call in calls), return_exceptions=True)
+        for name, _ in calls:
+            self._in_flight[name] = []
+        try:
+            results = await asyncio.gather(*(self._write(what, call) for _, call in calls), return_exceptions=True)
+        finally:
+            brought = {name: self._in_flight.pop(name, []) for name, _ in calls}
         failure: BaseException | None = None
+        others = False  # the watch brought a version that is not our write's: someone else's change
         for (name, _), result in zip(calls, results, strict=True):
             if isinstance(result, BaseException):
                 failure = failure or result
-            elif cached.get(name) is not planned[name]:
-                pass  # the watch brought a newer version while we wrote (someone else's, or our echo)
+                others = others or bool(brought[name])
+                continue
+            ours = None if what == "resourceslice/delete" else result["metadata"].get("resourceVersion")
+            others = others or any(version != ours for version in brought[name])
+            entry = cached.get(name)
+            if entry is not planned[name]:
+                # The watch was faster than the answer: keep its version, and when that is our
+                # write's own, remember that it equals what we built (the next publish is cheap).
+                if entry is not None and ours is not None and entry.resource_version == ours:
+                    entry.matches = digests[name]
             elif what == "resourceslice/delete":
                 cached.pop(name, None)
             else:
                 cached[name] = CachedSlice.of(result, digests[name])
+        if others:
+            self._replan(node)
         if failure is None:
             return
         if isinstance(failure, ApiError) and failure.status in (404, 409):

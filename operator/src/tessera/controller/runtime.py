@@ -79,7 +79,7 @@ class Controller:
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
         self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later)
-        self.publisher = SlicePublisher(api, self.writes)
+        self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
         self.demand = AdaptiveDemand(self, self._post_event)  # adaptive layouts: waiting claims -> recuts
@@ -87,6 +87,10 @@ class Controller:
                                            self.demand.with_status)
         self._status_task: asyncio.Task[None] | None = None
         self._watches: list[ListWatch] = []
+        # node -> the moment of the fresh claim list it waits for (the handover's)
+        self._list_asked: dict[str, float] = {}
+        # node -> the NodeLayout versions the watch brought while our spec write was in flight
+        self._spec_in_flight: dict[str, list[str | None]] = {}
         self.ready = asyncio.Event()
 
     @property
@@ -95,11 +99,12 @@ class Controller:
 
     # -- queue -----------------------------------------------------------------------------
 
-    def enqueue(self, *nodes: str) -> None:
-        self.queue.enqueue(*nodes)
+    def enqueue(self, *nodes: str, bulk: bool = False) -> None:
+        self.queue.enqueue(*nodes, bulk=bulk)
 
     def enqueue_all(self) -> None:
-        self.enqueue(*sorted(self.fleet.nodes))
+        """Every node, behind any node an event or a timer asks for (``WorkQueue``)."""
+        self.enqueue(*sorted(self.fleet.nodes), bulk=True)
 
     def policies_changed(self) -> None:
         """Every node must be decided again; until it is, its GPUs do not count as applied."""
@@ -158,6 +163,7 @@ class Controller:
         have written since), and statuses wait for this term's sweep."""
         if self._terms:
             self.handover = Handover(self.handover.fresh_claims, self.handover.grace, self.queue.later)
+            self._list_asked.clear()
             self.queue.sweep(self.fleet.nodes)
         self._terms += 1
         self.leading.set()
@@ -271,7 +277,17 @@ class Controller:
             # used (an older read would hold on to claims the watch has seen go), then decide
             # again with both: only GPUs whose changing devices were all tainted and that no
             # claim holds get their new layout.
-            fresh = await self.handover.claims_since(self.handover.read_after(cleared))
+            moment = self.handover.read_after(cleared)
+            asked = self._list_asked.pop(node, None)
+            if asked is not None:  # the list this node came back for serves, if after its grace
+                moment = min(moment, max(asked, self.handover.read_after(cleared, now=float("-inf"))))
+            fresh = self.handover.fresh_claims.ready(moment)
+            if fresh is None:
+                # No worker waits for the list (of every claim: a while, in a large cluster);
+                # the node comes back once it is read.
+                self._list_asked[node] = moment
+                self.handover.fresh_claims.prefetch(moment, lambda: self.enqueue(node))
+                return
             decision = decide_node(
                 self.fleet, node, time.monotonic(), drains, {u: d for u, (d, _) in cleared.items()}, fresh
             )
@@ -300,8 +316,19 @@ class Controller:
         spec is at afterwards."""
         if decision.spec == layout.spec:
             return layout.metadata.generation
-        body = await self.writes("nodelayout/spec", self.api.patch_node_layout_spec(node, decision.spec.to_kube()))
+        self._spec_in_flight[node] = []
+        try:
+            body = await self.writes("nodelayout/spec",
+                                     self.api.patch_node_layout_spec(node, decision.spec.to_kube()))
+        except BaseException:
+            if self._spec_in_flight.pop(node, None):
+                self.enqueue(node)  # what the watch brought meanwhile is not lost with the write
+            raise
+        brought = self._spec_in_flight.pop(node, [])
         generation: int | None = body["metadata"].get("generation")
+        ours = body["metadata"].get("resourceVersion")
+        if any(version != ours for version in brought):
+            self.enqueue(node)  # someone else's version (the agent's status) came while we wrote
         view = self.fleet.nodes.get(node)
         if view is not None and view.layout is layout:
             # Only over the version this decision read: a watch event that came in while we
@@ -339,7 +366,8 @@ class Controller:
 
     def layout_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
         """A NodeLayout event: its node is decided again, unless the view holds that very
-        version already (the echo of the spec this operator wrote)."""
+        version already or it is the echo of the spec this operator is writing now (the watch
+        is often faster than the write's answer; ``_write_spec`` judges such events)."""
         name = str(body["metadata"]["name"])
         view = self.fleet.nodes.get(name)
         version = body["metadata"].get("resourceVersion")
@@ -350,6 +378,10 @@ class Controller:
             self.fleet.remove_layout(name)
         else:
             self.fleet.set_layout(body)
+        flight = self._spec_in_flight.get(name)
+        if flight is not None and event_type != "DELETED":
+            flight.append(version)  # judged when our spec write answers: its echo, or not
+            return
         self.enqueue(name)
 
     def claim_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
@@ -368,11 +400,17 @@ class Controller:
         if self.publisher.seen(event_type, body) and (pool := slice_pool(body)) in self.fleet.nodes:
             self.enqueue(pool)
 
+    def _slices_changed(self, pool: str) -> None:
+        """Someone else changed a node's slices while we wrote to them: plan the node again."""
+        if pool in self.fleet.nodes:
+            self.enqueue(pool)
+
     async def _forget(self, node: str) -> None:
         """A node is gone: delete its slices (its Node owns them; this is belt and braces)."""
         await self.publisher.forget(node)
         self.decisions.pop(node, None)
         self.handover.forget(node)
+        self._list_asked.pop(node, None)
         self.drains.forget(node)
         self.missing.forget(node)
         self.fleet.remove_node(node)

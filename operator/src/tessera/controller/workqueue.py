@@ -4,6 +4,14 @@ node, failures tried again with backoff.
 A node enqueued while it is being reconciled is reconciled once more afterwards (the event
 may have come after the reconcile read the view); a node already waiting is not queued twice.
 ``later`` brings a node back after a delay, keeping the earliest of several requests.
+
+Two classes of work: a sweep of every node (``enqueue(..., bulk=True)``: a policy changed, a
+term began) waits behind everything else — an event about one node, a node's timer coming due
+(a handover's grace over) — which is taken first, in order. So a rollout over many nodes is a
+pipeline, as the floor's writes are: a node whose grace has ended gets its new layout (and its
+agent starts work) while others are still being tainted, instead of after the last taint of
+the fleet; and a node whose agent has reported is published at once. Nothing starves that
+has not been asked for again: a node queued in bulk that an event names moves up.
 ``sweep`` names the nodes known at start; :attr:`swept` is set once each has been reconciled
 once, so nothing that summarises the whole fleet runs on half of it.
 
@@ -20,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
@@ -50,8 +59,11 @@ class WorkQueue:
         self._reconcile = reconcile
         self._gate = gate
         self.workers = workers
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
+        self._first: deque[str] = deque()  # events and timers, in order
+        self._bulk: deque[str] = deque()  # sweeps of every node, behind them
+        self._waiting = asyncio.Event()  # set while either holds a node
+        self._queued: set[str] = set()  # nodes waiting, in one deque or both (then the first entry counts)
+        self._moved_up: set[str] = set()  # nodes of _queued with an entry in _first
         self._active: set[str] = set()  # nodes being reconciled now
         self._again: set[str] = set()  # nodes enqueued while being reconciled: once more afterwards
         self._failures: dict[str, int] = {}
@@ -60,13 +72,36 @@ class WorkQueue:
         self.swept = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
-    def enqueue(self, *nodes: str) -> None:
+    def enqueue(self, *nodes: str, bulk: bool = False) -> None:
+        """Reconcile ``nodes``: soon, or with ``bulk`` (a sweep of every node) after all else."""
         for node in nodes:
             if node in self._active:
                 self._again.add(node)
             elif node not in self._queued:
                 self._queued.add(node)
-                self._queue.put_nowait(node)
+                if bulk:
+                    self._bulk.append(node)
+                else:
+                    self._first.append(node)
+                    self._moved_up.add(node)
+                self._waiting.set()
+            elif not bulk and node not in self._moved_up:
+                self._first.append(node)  # waiting in bulk, and now asked for: it moves up
+                self._moved_up.add(node)
+                self._waiting.set()
+
+    async def _next(self) -> str:
+        """The next node to reconcile: events and timers first, then the bulk."""
+        while True:
+            while self._first or self._bulk:
+                node = self._first.popleft() if self._first else self._bulk.popleft()
+                if node in self._queued:  # any entry of a waiting node may take it
+                    self._queued.discard(node)
+                    self._moved_up.discard(node)
+                    return node
+                # else an entry left behind by a node that moved up and was taken already
+            self._waiting.clear()
+            await self._waiting.wait()
 
     @property
     def idle(self) -> bool:
@@ -107,11 +142,10 @@ class WorkQueue:
         while True:
             if self._gate is not None:
                 await self._gate.wait()
-            node = await self._queue.get()
+            node = await self._next()
             if self._gate is not None and not self._gate.is_set():  # shut while this worker waited
-                self._queue.put_nowait(node)  # still marked queued
+                self.enqueue(node)  # waits again, in front
                 continue
-            self._queued.discard(node)
             self._active.add(node)
             started = time.perf_counter()
             try:

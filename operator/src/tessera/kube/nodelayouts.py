@@ -10,6 +10,7 @@ status says.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from tessera.kube.http import CONFLICT_BACKOFF, ApiError, KubeClient, resource_path, retry_delay
@@ -83,12 +84,13 @@ async def ensure_node_layout(api: KubeClient, node_name: str) -> dict[str, Any]:
 
 
 async def write_node_layout_status(
-    api: KubeClient, name: str, status: dict[str, Any], attempts: int = 5
+    api: KubeClient, name: str, status: dict[str, Any], attempts: int = 5, read: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Replace ``status`` through the status subresource. Uses the resourceVersion read just
-    before, and on a conflict (409) reads again and retries, up to ``attempts`` times."""
+    """Replace ``status`` through the status subresource, over the resourceVersion of ``read``
+    (the NodeLayout as the caller last read it; read here when not given), and on a conflict
+    (409: it changed since) reads again and retries, up to ``attempts`` times."""
     for attempt in range(attempts):
-        current = await get_node_layout(api, name)
+        current = read if attempt == 0 and read is not None else await get_node_layout(api, name)
         if current is None:
             raise LookupError(f"NodeLayout {name!r} is gone")
         body = {
@@ -102,6 +104,7 @@ async def write_node_layout_status(
         except ApiError as e:
             if e.status != 409:
                 raise
-            await asyncio.sleep(retry_delay(attempt, CONFLICT_BACKOFF))
+            if attempt or read is None:  # the caller's read may just be old: read again at once
+                await asyncio.sleep(retry_delay(attempt, CONFLICT_BACKOFF))
     raise StatusConflictError(f"NodeLayout {name!r}: status kept conflicting after {attempts} attempts")
 

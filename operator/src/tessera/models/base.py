@@ -25,6 +25,10 @@ class KubeModel(BaseModel):
         extra="forbid",
         frozen=True,
         validate_default=True,
+        # A model's validator and serializer are built when it is first used, not at import:
+        # the agent imports the policy models with the layout's but never validates a policy,
+        # and saves their build (~0.7 MiB resident on every GPU node).
+        defer_build=True,
     )
 
     # String fields whose values repeat across a fleet (a model lists them): interned when parsed.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tessera.agent.backends.base import NotFoundError, NotSupportedError
@@ -155,6 +155,22 @@ class SimState:
     faults: list[SimFault] = field(default_factory=list)
     events: list[SimEvent] = field(default_factory=list)
     driver_available: bool = True
+
+    def copy(self) -> SimState:
+        """A deep copy, field by field: what ``from_json(asdict(...))`` gives, a dozen times
+        faster (a simulated node's inventory is read on every reconcile pass; a bench runs a
+        thousand nodes' passes on one machine). Every field of the dataclasses here is either
+        immutable or copied below."""
+        return SimState(
+            node_name=self.node_name,
+            gpus=[replace(g, instances=[replace(i) for i in g.instances]) for g in self.gpus],
+            holds={k: list(v) for k, v in self.holds.items()},
+            mps=dict(self.mps),
+            mps_defaults={k: dict(v) for k, v in self.mps_defaults.items()},
+            faults=[replace(f) for f in self.faults],
+            events=[replace(e) for e in self.events],
+            driver_available=self.driver_available,
+        )
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SimState:

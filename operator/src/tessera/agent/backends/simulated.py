@@ -198,7 +198,7 @@ class SimulatedHardware:
     def snapshot(self) -> SimState:
         """A deep copy of the state, for reading."""
         with self.transaction(write=False) as s:
-            return SimState.from_json(json.loads(json.dumps(asdict(s))))
+            return s.copy()
 
     # -- helpers (call inside a transaction) --
 
@@ -607,11 +607,10 @@ class SimulatedBackend:
 
     def create_instance(self, gpu_uuid: str, profile: str, start: int, hold: str | None = None) -> CreatedInstance:
         hw = self.hardware
-        with hw.transaction():  # one step: nobody sees the instance before it is held
+        with hw.transaction() as state:  # one step: nobody sees the instance before it is held
             index = hw.gpu_index(gpu_uuid)
-            gpu = hw.snapshot().gpus[index]
             try:
-                p = gpu.catalog.profile(profile)
+                p = state.gpus[index].catalog.profile(profile)  # the model only: read, not copied
             except ValueError as e:
                 raise NotSupportedError(f"GPU {index}: {e}") from None
             gi = hw.create_gpu_instance(index, p.shape.profile_id, start)
