@@ -336,7 +336,7 @@ async def test_an_echo_that_overtakes_our_answer_is_still_our_own_and_asks_for_n
     replans: list[str] = []
     writes = Writes()
     pub = SlicePublisher(cast(Api, api), writes, replans.append)
-    await pub.publish(NODE, NODE_UID, two_gpus())
+    await pub.publish(NODE, NODE_UID, three_gpus())
     replace = api.replace_slice
     told: list[bool] = []
 
@@ -346,7 +346,7 @@ async def test_an_echo_that_overtakes_our_answer_is_still_our_own_and_asks_for_n
         return answer
 
     api.replace_slice = replace_echo_first  # type: ignore[method-assign]
-    tainted = [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()]
+    tainted = drained(three_gpus(), 0)
     await pub.publish(NODE, NODE_UID, tainted)
     assert told == [False], "the echo that came before the answer is our own"
     assert replans == []
@@ -360,8 +360,8 @@ async def test_someone_elses_version_while_we_write_has_the_pool_planned_again()
     api = FakeSliceApi()
     replans: list[str] = []
     pub = SlicePublisher(cast(Api, api), Writes(), replans.append)
-    await pub.publish(NODE, NODE_UID, two_gpus())
-    name = f"{NODE}-tessera-gpu-0"
+    await pub.publish(NODE, NODE_UID, three_gpus())
+    name = GPUS
     replace = api.replace_slice
 
     async def replace_then_theirs(body: dict[str, Any]) -> dict[str, Any]:
@@ -375,7 +375,7 @@ async def test_someone_elses_version_while_we_write_has_the_pool_planned_again()
         return answer
 
     api.replace_slice = replace_then_theirs  # type: ignore[method-assign]
-    await pub.publish(NODE, NODE_UID, [with_drain_taints(g, {"gpu-0"}) for g in two_gpus()])
+    await pub.publish(NODE, NODE_UID, drained(three_gpus(), 0))
     assert replans == [NODE]
     assert pub.slices[NODE][name].resource_version == "9000", "the cache keeps the newest version"
     assert pub.slices[NODE][name].matches is None, "and does not take it for ours"
