@@ -291,3 +291,66 @@ def test_a_thousand_waiting_claims_recut_no_more_than_the_cap() -> None:
     assert len(plan.recuts) == 4
     assert len(plan.placed) + len(plan.waiting) == 1000
     assert len(plan.placed) == sum(len(r.claims) for r in plan.recuts)  # each placed claim on a recut GPU
+
+
+# ---------------------------------------------------------------- free devices beside a recut
+
+
+def _halves_slots(pol: SharingPolicy, index: int) -> list[Any]:
+    option = next(o for o in menu_devices(pol, gpu(index)) if o.layout_name == "halves")
+    return slots_of(option.devices)
+
+
+def test_a_claim_spanning_a_recut_gpu_and_a_device_free_beside_it_is_served() -> None:
+    pol = policy()
+    # GPU 0 is cut in halves and cooling down (not recuttable), both its 3g instances free;
+    # GPU 1 is whole and free. Three 3g instances: one recut of GPU 1 plus GPU 0's free ones.
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "halves", False), AdaptiveGpu("node-a", gpu(1), pol, "whole", True)]
+    trio = demand("trio", {**MIG_3G, "exactly": {**MIG_3G["exactly"], "count": 3}})
+    without = plan_recuts([trio], gpus, CLASSES, {"adaptive": 2})
+    assert without.recuts == ()
+    assert without.waiting == ("team-a/trio",), "not offered GPU 0's devices, no one recut is enough"
+    plan = plan_recuts([trio], gpus, CLASSES, {"adaptive": 2}, free={"node-a": _halves_slots(pol, 0)})
+    assert [(r.index, r.layout, r.claims) for r in plan.recuts] == [(1, "halves", ("team-a/trio",))]
+    assert set(plan.placed["team-a/trio"]) == {gpu(0).uuid, gpu(1).uuid}
+
+
+def test_a_gpu_is_never_recut_to_the_layout_it_has() -> None:
+    pol = policy()
+    # GPU 0 is already in halves, free and recuttable; its devices are offered as free. The
+    # claim needs three 3g instances: only GPU 1 is recut, GPU 0 serves as it is.
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "halves", True), AdaptiveGpu("node-a", gpu(1), pol, "whole", True)]
+    trio = demand("trio", {**MIG_3G, "exactly": {**MIG_3G["exactly"], "count": 3}})
+    plan = plan_recuts([trio], gpus, CLASSES, {"adaptive": 2}, free={"node-a": _halves_slots(pol, 0)})
+    assert [(r.index, r.layout) for r in plan.recuts] == [(1, "halves")]
+    assert set(plan.placed["team-a/trio"]) == {gpu(0).uuid, gpu(1).uuid}
+
+
+def test_the_devices_of_a_gpu_being_recut_are_not_counted_beside_its_new_ones() -> None:
+    pol = policy()
+    # GPU 0 is whole, free and recuttable: its whole device is offered as free. Recut, that
+    # device is gone: three devices of any kind need seven 1g slices, not two halves beside
+    # the whole device that would no longer exist.
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "whole", True), AdaptiveGpu("node-a", gpu(1), pol, "whole", False)]
+    whole_slots = slots_of(menu_devices(pol, gpu(0))[0].devices)
+    three = demand("three", exactly("gpu.tessera.dev", count=3))
+    plan = plan_recuts([three], gpus, CLASSES, {"adaptive": 2}, free={"node-a": whole_slots})
+    assert [(r.index, r.layout) for r in plan.recuts] == [(0, "slices")]
+    assert plan.placed["team-a/three"] == (gpu(0).uuid,)
+
+
+def test_a_gpu_away_from_the_idle_layout_is_recut_before_a_whole_one() -> None:
+    pol = policy()
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "whole", True), AdaptiveGpu("node-a", gpu(1), pol, "slices", True)]
+    plan = plan_recuts([demand("m", MIG_3G)], gpus, CLASSES, {"adaptive": 2})
+    assert [(r.index, r.layout) for r in plan.recuts] == [(1, "halves")]
+
+
+def test_on_a_tie_the_node_with_the_fewest_gpus_free_to_recut_is_recut() -> None:
+    pol = policy()
+    # node-a sorts first but has four free GPUs; node-b has one (the rest busy). Cutting
+    # node-b keeps node-a whole for a claim of many GPUs.
+    gpus = [AdaptiveGpu("node-a", gpu(i), pol, "whole", True) for i in range(4)]
+    gpus += [AdaptiveGpu("node-b", gpu(i), pol, "whole", i == 3) for i in range(4)]
+    plan = plan_recuts([demand("m", MIG_3G)], gpus, CLASSES, {"adaptive": 2})
+    assert [(r.node, r.index) for r in plan.recuts] == [("node-b", 3)]

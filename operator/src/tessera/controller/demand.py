@@ -9,7 +9,9 @@ Pods from a list-watch of this module's own.
 Every ``interval`` the pass collects the GPUs of ``Adaptive`` policies from the Controller's
 last decisions, marks a GPU recuttable only when no claim holds any of its devices, nothing
 on it is in use, its cooldown has passed and no recut of it is under way, and asks the pure
-room (``tessera.adaptive.choose.plan_recuts``) what to recut. A recut is only a choice in
+room (``tessera.adaptive.choose.plan_recuts``) what to recut, offering it too the devices
+of those GPUs (not being recut) that no claim holds, so a claim that needs a recut GPU and a
+device free beside it is served. A recut is only a choice in
 ``Fleet.adaptive_choices`` and a reconcile of its node: the Controller then hands the GPU over
 as for any layout change (taint, grace, a fresh claim list, then the spec) and the agent's
 claim guard checks again, unchanged. GPUs whose devices are all free go back to the idle
@@ -39,10 +41,12 @@ import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
 from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts
-from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors
+from tessera.adaptive.claims import ClaimDemand, Slot, claim_demand, class_selectors
+from tessera.adaptive.layouts import slots_of
 from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
 from tessera.dra.deviceclasses import device_classes
+from tessera.dra.devices import build_gpu_devices
 from tessera.models.devices import parse_device_name
 from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import AdaptiveGpuLayout, SharingPolicy, SharingPolicyStatus, Strategy
@@ -233,13 +237,17 @@ class AdaptiveDemand:
                    if key in self.claims and now - since >= debounce]
         return [self.claims[key] for _, key in sorted(waiting)]
 
-    def adaptive_gpus(self, policies: Mapping[str, SharingPolicy]) -> tuple[list[AdaptiveGpu], dict[str, int]]:
-        """Every GPU an Adaptive policy won, whether it may be recut now, and per policy how many
-        recuts are under way."""
+    def adaptive_gpus(
+        self, policies: Mapping[str, SharingPolicy]
+    ) -> tuple[list[AdaptiveGpu], dict[str, int], dict[str, list[Slot]]]:
+        """Every GPU an Adaptive policy won, whether it may be recut now, per policy how many
+        recuts are under way, and per node the devices of those GPUs that no claim holds and
+        no recut is replacing (a claim may need one of them beside a recut GPU)."""
         fleet = self.controller.fleet
         now = self.clock()
         out: list[AdaptiveGpu] = []
         under_way: dict[str, int] = dict.fromkeys(policies, 0)
+        free: dict[str, list[Slot]] = {}
         for node, decision in sorted(self.controller.decisions.items()):
             view = fleet.nodes.get(node)
             if view is None or view.layout is None:
@@ -268,12 +276,15 @@ class AdaptiveDemand:
                 )
                 if applying:
                     under_way[policy.name] += 1
+                elif reported is not None:
+                    built = slots_of(build_gpu_devices(reported))
+                    free.setdefault(node, []).extend(s for s in built if s.name not in held)
                 busy = gpu.in_use or any(i.in_use for i in gpu.mig_instances) or any(
                     _gpu_index(device) == gpu.index for device in held
                 )
                 cooled = now - choice.since >= policy.spec.adaptive.cooldown_seconds
                 out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
-        return out, under_way
+        return out, under_way, free
 
     def _remembered(self, policy: SharingPolicy, gpu: str, layout: str, now: float) -> _Choice:
         """A GPU this process has not chosen for yet: what the policy's status recorded of it.
@@ -306,10 +317,11 @@ class AdaptiveDemand:
         PENDING.set(len(pending))
         if not policies:
             return None
-        gpus, under_way = self.adaptive_gpus(policies)
+        gpus, under_way, free = self.adaptive_gpus(policies)
         left = {n: max(0, p.spec.adaptive.max_recuts - under_way.get(n, 0))
                 for n, p in policies.items() if p.spec.adaptive}
-        return plan_recuts(pending, gpus, self.classes, left, recent=self.recent, menus=self.menus), gpus
+        plan = plan_recuts(pending, gpus, self.classes, left, free=free, recent=self.recent, menus=self.menus)
+        return plan, gpus
 
     async def run_pass(self) -> RecutPlan | None:
         chosen = self.choose()
