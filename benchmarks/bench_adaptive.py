@@ -199,7 +199,7 @@ class Simulation:
         self.waiting_time = 0.0
         self.allocated = Fraction(0)
         self.now = 0.0
-        self.next_pass = math.inf
+        self.next_pass = PASS_SECONDS if self.adaptive else math.inf
         self.recent: list[ClaimDemand] = []
 
     def _slots(self, gpu: Gpu, layout: str) -> list[Slot]:
@@ -269,7 +269,10 @@ class Simulation:
         gpus, under_way = self.adaptive_gpus()
         left = {"bench": max(0, self.policy.spec.adaptive.max_recuts - under_way)}  # type: ignore[union-attr]
         if self.strategy == "tessera":
-            plan = plan_recuts(waiting, gpus, CLASSES, left, recent=self.recent, menus=self.menus)
+            # As the operator offers them: devices no claim holds, of GPUs not being recut.
+            free = {node: [s for g in self.gpus[node] if not g.recutting for s in g.slots
+                           if not s.taken and s.free == s.total] for node in self.nodes}
+            plan = plan_recuts(waiting, gpus, CLASSES, left, free=free, recent=self.recent, menus=self.menus)
         else:
             plan = first_fit_plan(waiting, gpus, self.menus, left["bench"])
         by_uuid = {g.status.uuid: g for node in self.nodes for g in self.gpus[node]}
@@ -289,13 +292,15 @@ class Simulation:
     # -- the clock --------------------------------------------------------------------------
 
     def run(self) -> dict[str, float]:
-        while self.events or (self.adaptive and self.pending and self.next_pass < math.inf):
+        # The operator's pass runs every PASS_SECONDS whatever happens (as its loop does), so
+        # free GPUs go back to idle and recuts start even while nothing waits.
+        while self.events or (self.adaptive and self.pending):
             when = self.events[0][0] if self.events else math.inf
-            if self.adaptive and self.pending and self.next_pass <= when:
+            if self.next_pass <= when:
                 self._advance(self.next_pass)
                 recuts = self.recuts
                 self.operator_pass()
-                self.next_pass = self.now + PASS_SECONDS
+                self.next_pass += PASS_SECONDS
                 if not self.events and self.recuts == recuts:
                     break  # nothing left to happen and nothing to recut: what waits never runs
                 continue
@@ -313,10 +318,6 @@ class Simulation:
                 payload.recutting = False
                 self.version[payload.node] += 1
             self.schedule()
-            if self.adaptive and self.pending and self.next_pass == math.inf:
-                self.next_pass = self.now + PASS_SECONDS
-            if not self.pending:
-                self.next_pass = math.inf
         waits = sorted(self.waits)
         return {
             "unallocated": 100 * self.area / (self.waiting_time * self.total) if self.waiting_time else 0.0,
