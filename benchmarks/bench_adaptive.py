@@ -57,9 +57,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_ahead, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, Slot, claim_demand, class_selectors, fit
 from tessera.adaptive.layouts import slots_of
+from tessera.controller.demand import AHEAD_FACTOR
 from tessera.dra.deviceclasses import device_classes
 from tessera.models.catalog import model_by_key
 from tessera.models.layout import GpuStatus
@@ -201,6 +202,10 @@ class Simulation:
         self.now = 0.0
         self.next_pass = PASS_SECONDS if self.adaptive else math.inf
         self.recent: list[ClaimDemand] = []
+        self.arrived: list[tuple[float, ClaimDemand]] = []  # (when, claim) within the lead time
+        # The operator's lead time (AdaptiveDemand.lead_time), with this run's debounce, pass and recut.
+        lead = AHEAD_FACTOR * (self.debounce + PASS_SECONDS + self.recut_seconds)
+        self.ahead = float(args.ahead) if args.ahead is not None else lead
 
     def _slots(self, gpu: Gpu, layout: str) -> list[Slot]:
         option = next(o for o in self.menus.options(self.policy, gpu.status) if o.layout_name == layout)
@@ -277,11 +282,18 @@ class Simulation:
             plan = first_fit_plan(waiting, gpus, self.menus, left["bench"])
         by_uuid = {g.status.uuid: g for node in self.nodes for g in self.gpus[node]}
         changes = [(r.gpu, r.layout) for r in plan.recuts]
-        # Tessera keeps free GPUs that recent claims could use as warm spares (see back_to_idle);
-        # the first-fit baseline returns every free GPU to the idle layout after its cooldown.
-        spares = (self.recent, CLASSES, self.menus) if self.strategy == "tessera" else ((), None, None)
+        keep: frozenset[str] = frozenset()
+        if self.strategy == "tessera" and self.ahead > 0:
+            # Recut ahead: the claims of the last lead time, forecast for the next one.
+            expected = [c for at, c in self.arrived if self.now - at <= self.ahead and c.key not in self.pending]
+            busy = {r.gpu for r in plan.recuts} | {u for uuids in plan.placed.values() for u in uuids}
+            ahead = plan_ahead(expected, gpus, CLASSES, {"bench": left["bench"] - len(plan.recuts)},
+                               free=free, busy=busy, menus=self.menus)
+            changes += [(r.gpu, r.layout) for r in ahead.recuts]
+            keep = ahead.keep | {r.gpu for r in ahead.recuts}
+        # The first-fit baseline returns every free GPU to the idle layout after its cooldown.
         changes += [(g.gpu.uuid, self.policy.spec.adaptive.idle)  # type: ignore[union-attr]
-                    for g in back_to_idle(gpus, plan, *spares)]
+                    for g in back_to_idle(gpus, plan, keep=keep)]
         for uuid, layout in changes:
             gpu = by_uuid[uuid]
             gpu.recutting, gpu.layout, gpu.since = True, layout, self.now
@@ -311,6 +323,7 @@ class Simulation:
                 self.pending[claim.key] = (claim, self.now, run)
                 self.demand_of[claim.key] = need
                 self.recent = [*self.recent[-63:], claim]
+                self.arrived = [*(x for x in self.arrived if self.now - x[0] <= self.ahead), (self.now, claim)]
             elif kind == "depart":
                 self.release(payload)
             elif kind == "recut":
@@ -389,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cooldown", type=float, default=300.0)
     parser.add_argument("--pending-after", type=float, default=5.0)
     parser.add_argument("--recut-seconds", type=float, default=RECUT_SECONDS)
+    parser.add_argument("--ahead", type=float, default=None,
+                        help="tessera recuts ahead for the claims placed in the last this many seconds "
+                             "(default, as the operator: 2 x (pendingAfter + pass + recut seconds); 0: never)")
     parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=STRATEGIES)
     args = parser.parse_args(argv)
     pods = read_trace(TRACE, args.pods)

@@ -38,7 +38,7 @@ Not for: I/O, timers or writing layouts (``tessera.controller.demand`` does thos
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -71,9 +71,12 @@ class Recut:
     policy: str
     layout: str
     claims: tuple[str, ...]  # the pending claims it is for (namespace/name)
+    ahead: bool = False  # for claims like these expected soon (:func:`plan_ahead`), not waiting ones
 
     @property
     def reason(self) -> str:
+        if self.ahead:
+            return f"recut ahead for claims like {', '.join(self.claims[:3])}"
         return f"recut for claim {', '.join(self.claims)}" if self.claims else "recut"
 
 
@@ -345,12 +348,60 @@ def _fits_somewhere(claim: ClaimDemand, gpus: Sequence[AdaptiveGpu], menus: Menu
     return False
 
 
+@dataclass(frozen=True)
+class AheadPlan:
+    recuts: tuple[Recut, ...]  # GPUs to recut now for the claims expected
+    keep: frozenset[str]  # UUIDs of free GPUs the expected claims would use as they are
+
+
+def plan_ahead(
+    expected: Sequence[ClaimDemand],
+    gpus: Sequence[AdaptiveGpu],
+    classes: ClassSelectors,
+    recuts_left: Mapping[str, int],
+    *,
+    free: Mapping[str, Sequence[Slot]],
+    busy: Collection[str] = (),
+    menus: MenuCache | None = None,
+) -> AheadPlan:
+    """Recuts ahead of demand: the claims ``expected`` within the time a recut takes (the
+    caller passes those that arrived within the last such span: the next span is forecast to
+    bring claims like them) are placed, first fit in order, on the ``free`` devices (node →
+    devices no claim holds, of GPUs not being recut); those that fit nowhere get recuts from
+    :func:`plan_recuts`, among GPUs not in ``busy`` (planned already for waiting claims), within
+    ``recuts_left``. So a claim like the recent ones finds a device published when it comes,
+    instead of waiting the debounce and a recut while whole GPUs sit free. The GPUs the
+    expected claims would use as they are are kept (:func:`back_to_idle` leaves them)."""
+    menus = menus or MenuCache()
+    pool = {node: [s.copy() for s in slots] for node, slots in sorted(free.items())}
+    keep: set[str] = set()
+    unserved: list[ClaimDemand] = []
+    for claim in expected:
+        for slots in pool.values():
+            used = _place(claim, slots, classes)
+            if used is not None:
+                keep |= used
+                break
+        else:
+            unserved.append(claim)
+    if not unserved:
+        return AheadPlan((), frozenset(keep))
+    out = set(busy) | keep
+    candidates = [g if g.gpu.uuid not in out else AdaptiveGpu(g.node, g.gpu, g.policy, g.current, False) for g in gpus]
+    left = {node: [s for s in slots if s.gpu not in out] for node, slots in pool.items()}
+    plan = plan_recuts(unserved, candidates, classes, recuts_left, free=left, menus=menus)
+    recuts = tuple(Recut(r.node, r.gpu, r.index, r.policy, r.layout, r.claims, ahead=True) for r in plan.recuts)
+    return AheadPlan(recuts, frozenset(keep))
+
+
 def back_to_idle(
     gpus: Sequence[AdaptiveGpu],
     plan: RecutPlan,
     recent: Sequence[ClaimDemand] = (),
     classes: ClassSelectors | None = None,
     menus: MenuCache | None = None,
+    *,
+    keep: Collection[str] = (),
 ) -> list[AdaptiveGpu]:
     """GPUs to return to their policy's idle layout: recuttable (so free and past their
     cooldown), on another menu layout, and not just planned for a claim by ``plan``. The
@@ -360,8 +411,9 @@ def back_to_idle(
     With ``recent`` demand, a free GPU whose layout some recent claim could use stays cut, as
     a warm spare, while its policy keeps at least as many free GPUs on the idle layout as it
     keeps spares (so large requests still find idle-layout GPUs): the next claim like the
-    recent ones is placed at once instead of waiting for another recut."""
-    planned = {r.gpu for r in plan.recuts}
+    recent ones is placed at once instead of waiting for another recut. GPUs in ``keep``
+    (UUIDs: those :func:`plan_ahead` expects claims to use) stay as they are."""
+    planned = {r.gpu for r in plan.recuts} | set(keep)
     shapes = list({d.shape: d for d in recent}.values())
     menus = menus or MenuCache()
     free_idle: dict[str, int] = defaultdict(int)
