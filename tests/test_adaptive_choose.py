@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_recuts
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_ahead, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors, fit, slot_of
 from tessera.adaptive.layouts import menu_devices, slots_of
 from tessera.dra.deviceclasses import device_classes
@@ -354,3 +354,37 @@ def test_on_a_tie_the_node_with_the_fewest_gpus_free_to_recut_is_recut() -> None
     gpus += [AdaptiveGpu("node-b", gpu(i), pol, "whole", i == 3) for i in range(4)]
     plan = plan_recuts([demand("m", MIG_3G)], gpus, CLASSES, {"adaptive": 2})
     assert [(r.node, r.index) for r in plan.recuts] == [("node-b", 3)]
+
+
+# ---------------------------------------------------------------- ahead of demand
+
+
+def test_claims_like_the_recent_ones_get_a_gpu_recut_ahead_when_nothing_published_fits_them() -> None:
+    pol = policy()
+    gpus = adaptive_gpus(3, current="whole")
+    whole = {"node-a": [s for g in gpus for s in slots_of(menu_devices(pol, g.gpu)[0].devices)]}
+    expected = [demand("e0", MIG_3G), demand("e1", MIG_3G), demand("e2", MIG_3G)]
+    ahead = plan_ahead(expected, gpus, CLASSES, {"adaptive": 2}, free=whole)
+    assert [(r.layout, r.ahead) for r in ahead.recuts] == [("halves", True), ("halves", True)]
+    assert ahead.recuts[0].reason == "recut ahead for claims like team-a/e0, team-a/e1"
+    assert ahead.keep == frozenset(), "no expected claim fits a device published now"
+
+
+def test_expected_claims_that_fit_free_devices_keep_those_gpus_and_recut_nothing() -> None:
+    pol = policy()
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "halves", True), AdaptiveGpu("node-a", gpu(1), pol, "whole", True)]
+    free = {"node-a": [*_halves_slots(pol, 0), *slots_of(menu_devices(pol, gpu(1))[0].devices)]}
+    ahead = plan_ahead([demand("e", MIG_3G), demand("w", WHOLE)], gpus, CLASSES, {"adaptive": 2}, free=free)
+    assert ahead.recuts == ()
+    assert ahead.keep == {gpu(0).uuid, gpu(1).uuid}
+    nothing = plan_recuts([], gpus, CLASSES, {"adaptive": 2})
+    assert back_to_idle(gpus, nothing) == [gpus[0]], "unkept, the free cut GPU goes back to idle"
+    assert back_to_idle(gpus, nothing, keep=ahead.keep) == [], "kept for the claims expected"
+
+
+def test_ahead_recuts_spare_busy_gpus_and_respect_the_cap() -> None:
+    gpus = adaptive_gpus(2, current="whole")
+    expected = [demand("e", MIG_3G)]
+    assert plan_ahead(expected, gpus, CLASSES, {"adaptive": 0}, free={}).recuts == ()
+    busy = plan_ahead(expected, gpus, CLASSES, {"adaptive": 2}, free={}, busy={gpus[0].gpu.uuid})
+    assert [r.index for r in busy.recuts] == [1]
