@@ -267,19 +267,15 @@ def test_a_plan_recuts_only_free_gpus_within_the_cap_and_every_claim_it_places_f
             assert fit(claim, slots, CLASSES, consume=True) is not None
 
 
-def test_a_free_cut_gpu_stays_a_warm_spare_only_while_as_many_idle_layout_gpus_are_free() -> None:
+def test_a_free_cut_gpu_goes_back_to_idle_unless_held_cooling_planned_or_kept() -> None:
     pol = policy()
     cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", True)
     whole_free = AdaptiveGpu("node-a", gpu(1), pol, "whole", True)
-    whole_busy = AdaptiveGpu("node-a", gpu(1), pol, "whole", False)
     nothing = plan_recuts([], [cut, whole_free], CLASSES, {"adaptive": 2})
-    recent = [demand("r", MIG_3G)]
-    assert back_to_idle([cut, whole_free], nothing) == [cut], "without recent demand: back to idle"
-    assert back_to_idle([cut, whole_free], nothing, recent, CLASSES) == [], "a spare while a whole GPU is free"
-    assert back_to_idle([cut, whole_busy], nothing, recent, CLASSES) == [cut], "whole GPUs run short: back"
-    assert back_to_idle([cut, whole_free], nothing, [demand("w", WHOLE)], CLASSES) == [cut], "of no use: back"
+    assert back_to_idle([cut, whole_free], nothing) == [cut], "free, cooled, on another layout: back"
+    assert back_to_idle([cut, whole_free], nothing, keep={gpu(0).uuid}) == [], "kept for claims expected"
     busy_cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", False)
-    assert back_to_idle([busy_cut, whole_busy], nothing) == [], "held or cooling down: never"
+    assert back_to_idle([busy_cut, whole_free], nothing) == [], "held or cooling down: never"
 
 
 def test_a_thousand_waiting_claims_recut_no_more_than_the_cap() -> None:

@@ -394,43 +394,17 @@ def plan_ahead(
     return AheadPlan(recuts, frozenset(keep))
 
 
-def back_to_idle(
-    gpus: Sequence[AdaptiveGpu],
-    plan: RecutPlan,
-    recent: Sequence[ClaimDemand] = (),
-    classes: ClassSelectors | None = None,
-    menus: MenuCache | None = None,
-    *,
-    keep: Collection[str] = (),
-) -> list[AdaptiveGpu]:
+def back_to_idle(gpus: Sequence[AdaptiveGpu], plan: RecutPlan, *, keep: Collection[str] = ()) -> list[AdaptiveGpu]:
     """GPUs to return to their policy's idle layout: recuttable (so free and past their
-    cooldown), on another menu layout, and not just planned for a claim by ``plan``. The
-    cooldown is what keeps alternating demand from flapping a GPU: at most one recut each way
-    per cooldown.
-
-    With ``recent`` demand, a free GPU whose layout some recent claim could use stays cut, as
-    a warm spare, while its policy keeps at least as many free GPUs on the idle layout as it
-    keeps spares (so large requests still find idle-layout GPUs): the next claim like the
-    recent ones is placed at once instead of waiting for another recut. GPUs in ``keep``
-    (UUIDs: those :func:`plan_ahead` expects claims to use) stay as they are."""
+    cooldown), on another menu layout, not just planned for a claim by ``plan``, and not in
+    ``keep`` (UUIDs: those :func:`plan_ahead` expects claims like the recent ones to use, or
+    recuts ahead). The cooldown is what keeps alternating demand from flapping a GPU: at most
+    one recut each way per cooldown."""
     planned = {r.gpu for r in plan.recuts} | set(keep)
-    shapes = list({d.shape: d for d in recent}.values())
-    menus = menus or MenuCache()
-    free_idle: dict[str, int] = defaultdict(int)
-    for g in gpus:
-        adaptive = g.policy.spec.adaptive
-        if adaptive is not None and g.recuttable and g.current == adaptive.idle and g.gpu.uuid not in planned:
-            free_idle[g.policy.name] += 1
-    spares: dict[str, int] = defaultdict(int)
     out = []
     for g in gpus:
         adaptive = g.policy.spec.adaptive
         if adaptive is None or not g.recuttable or g.current == adaptive.idle or g.gpu.uuid in planned:
             continue
-        if shapes and classes is not None and spares[g.policy.name] < free_idle[g.policy.name]:
-            option = next((o for o in menus.options(g.policy, g.gpu) if o.layout_name == g.current), None)
-            if option is not None and any(fit(d, slots_of(option.devices), classes) is not None for d in shapes):
-                spares[g.policy.name] += 1
-                continue
         out.append(g)
     return out
