@@ -20,8 +20,11 @@ MPS share (``shared-gpu.tessera.dev``) of ceil(gpu_milli / 10) percent compute. 
 Strategies: ``static-exclusive``, ``static-mig`` (all-balanced: 2 x 1g, 2g, 3g), ``static-mps``
 (every GPU MPS); ``first-fit`` (Adaptive menu; each pass, for each waiting claim in turn, the
 first recuttable GPU and the first menu layout that fits it); ``tessera`` (the same menu,
-``tessera.adaptive.choose.plan_recuts``). Both adaptive ones return free GPUs to the idle
-layout after the cooldown (``back_to_idle``), respect the cap (``maxRecuts``), wait
+``tessera.adaptive.choose.plan_recuts`` offered the free devices beside, then ``plan_ahead``:
+recuts ahead for the claims placed within the last ``--ahead`` seconds, by default the
+operator's lead time, 2 x (pendingAfter + pass + recut)). Both adaptive ones return free GPUs
+to the idle layout after the cooldown (``back_to_idle``; Tessera keeps those ``plan_ahead``
+expects to use), run a pass every 5 s whatever waits, respect the cap (``maxRecuts``), wait
 ``pendingAfter`` before a claim counts, treat a GPU never recut as past its cooldown (as the
 operator does), and a recut GPU publishes nothing for ``--recut-seconds``
 (20 s by default: real MIG changes take seconds per instance; ``bench_adaptive_e2e.py`` measures
