@@ -20,8 +20,11 @@ MPS share (``shared-gpu.tessera.dev``) of ceil(gpu_milli / 10) percent compute. 
 Strategies: ``static-exclusive``, ``static-mig`` (all-balanced: 2 x 1g, 2g, 3g), ``static-mps``
 (every GPU MPS); ``first-fit`` (Adaptive menu; each pass, for each waiting claim in turn, the
 first recuttable GPU and the first menu layout that fits it); ``tessera`` (the same menu,
-``tessera.adaptive.choose.plan_recuts``). Both adaptive ones return free GPUs to the idle
-layout after the cooldown (``back_to_idle``), respect the cap (``maxRecuts``), wait
+``tessera.adaptive.choose.plan_recuts`` offered the free devices beside, then ``plan_ahead``:
+recuts ahead for the claims placed within the last ``--ahead`` seconds, by default the
+operator's lead time, 2 x (pendingAfter + pass + recut)). Both adaptive ones return free GPUs
+to the idle layout after the cooldown (``back_to_idle``; Tessera keeps those ``plan_ahead``
+expects to use), run a pass every 5 s whatever waits, respect the cap (``maxRecuts``), wait
 ``pendingAfter`` before a claim counts, treat a GPU never recut as past its cooldown (as the
 operator does), and a recut GPU publishes nothing for ``--recut-seconds``
 (20 s by default: real MIG changes take seconds per instance; ``bench_adaptive_e2e.py`` measures
@@ -57,9 +60,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_ahead, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, Slot, claim_demand, class_selectors, fit
 from tessera.adaptive.layouts import slots_of
+from tessera.controller.demand import AHEAD_FACTOR
 from tessera.dra.deviceclasses import device_classes
 from tessera.models.catalog import model_by_key
 from tessera.models.layout import GpuStatus
@@ -199,8 +203,12 @@ class Simulation:
         self.waiting_time = 0.0
         self.allocated = Fraction(0)
         self.now = 0.0
-        self.next_pass = math.inf
+        self.next_pass = PASS_SECONDS if self.adaptive else math.inf
         self.recent: list[ClaimDemand] = []
+        self.arrived: list[tuple[float, ClaimDemand]] = []  # (when, claim) within the lead time
+        # The operator's lead time (AdaptiveDemand.lead_time), with this run's debounce, pass and recut.
+        lead = AHEAD_FACTOR * (self.debounce + PASS_SECONDS + self.recut_seconds)
+        self.ahead = float(args.ahead) if args.ahead is not None else lead
 
     def _slots(self, gpu: Gpu, layout: str) -> list[Slot]:
         option = next(o for o in self.menus.options(self.policy, gpu.status) if o.layout_name == layout)
@@ -269,16 +277,26 @@ class Simulation:
         gpus, under_way = self.adaptive_gpus()
         left = {"bench": max(0, self.policy.spec.adaptive.max_recuts - under_way)}  # type: ignore[union-attr]
         if self.strategy == "tessera":
-            plan = plan_recuts(waiting, gpus, CLASSES, left, recent=self.recent, menus=self.menus)
+            # As the operator offers them: devices no claim holds, of GPUs not being recut.
+            free = {node: [s for g in self.gpus[node] if not g.recutting for s in g.slots
+                           if not s.taken and s.free == s.total] for node in self.nodes}
+            plan = plan_recuts(waiting, gpus, CLASSES, left, free=free, recent=self.recent, menus=self.menus)
         else:
             plan = first_fit_plan(waiting, gpus, self.menus, left["bench"])
         by_uuid = {g.status.uuid: g for node in self.nodes for g in self.gpus[node]}
         changes = [(r.gpu, r.layout) for r in plan.recuts]
-        # Tessera keeps free GPUs that recent claims could use as warm spares (see back_to_idle);
-        # the first-fit baseline returns every free GPU to the idle layout after its cooldown.
-        spares = (self.recent, CLASSES, self.menus) if self.strategy == "tessera" else ((), None, None)
+        keep: frozenset[str] = frozenset()
+        if self.strategy == "tessera" and self.ahead > 0:
+            # Recut ahead: the claims of the last lead time, forecast for the next one.
+            expected = [c for at, c in self.arrived if self.now - at <= self.ahead and c.key not in self.pending]
+            busy = {r.gpu for r in plan.recuts} | {u for uuids in plan.placed.values() for u in uuids}
+            ahead = plan_ahead(expected, gpus, CLASSES, {"bench": left["bench"] - len(plan.recuts)},
+                               free=free, busy=busy, menus=self.menus)
+            changes += [(r.gpu, r.layout) for r in ahead.recuts]
+            keep = ahead.keep | {r.gpu for r in ahead.recuts}
+        # The first-fit baseline returns every free GPU to the idle layout after its cooldown.
         changes += [(g.gpu.uuid, self.policy.spec.adaptive.idle)  # type: ignore[union-attr]
-                    for g in back_to_idle(gpus, plan, *spares)]
+                    for g in back_to_idle(gpus, plan, keep=keep)]
         for uuid, layout in changes:
             gpu = by_uuid[uuid]
             gpu.recutting, gpu.layout, gpu.since = True, layout, self.now
@@ -289,13 +307,15 @@ class Simulation:
     # -- the clock --------------------------------------------------------------------------
 
     def run(self) -> dict[str, float]:
-        while self.events or (self.adaptive and self.pending and self.next_pass < math.inf):
+        # The operator's pass runs every PASS_SECONDS whatever happens (as its loop does), so
+        # free GPUs go back to idle and recuts start even while nothing waits.
+        while self.events or (self.adaptive and self.pending):
             when = self.events[0][0] if self.events else math.inf
-            if self.adaptive and self.pending and self.next_pass <= when:
+            if self.next_pass <= when:
                 self._advance(self.next_pass)
                 recuts = self.recuts
                 self.operator_pass()
-                self.next_pass = self.now + PASS_SECONDS
+                self.next_pass += PASS_SECONDS
                 if not self.events and self.recuts == recuts:
                     break  # nothing left to happen and nothing to recut: what waits never runs
                 continue
@@ -306,6 +326,7 @@ class Simulation:
                 self.pending[claim.key] = (claim, self.now, run)
                 self.demand_of[claim.key] = need
                 self.recent = [*self.recent[-63:], claim]
+                self.arrived = [*(x for x in self.arrived if self.now - x[0] <= self.ahead), (self.now, claim)]
             elif kind == "depart":
                 self.release(payload)
             elif kind == "recut":
@@ -313,10 +334,6 @@ class Simulation:
                 payload.recutting = False
                 self.version[payload.node] += 1
             self.schedule()
-            if self.adaptive and self.pending and self.next_pass == math.inf:
-                self.next_pass = self.now + PASS_SECONDS
-            if not self.pending:
-                self.next_pass = math.inf
         waits = sorted(self.waits)
         return {
             "unallocated": 100 * self.area / (self.waiting_time * self.total) if self.waiting_time else 0.0,
@@ -388,6 +405,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cooldown", type=float, default=300.0)
     parser.add_argument("--pending-after", type=float, default=5.0)
     parser.add_argument("--recut-seconds", type=float, default=RECUT_SECONDS)
+    parser.add_argument("--ahead", type=float, default=None,
+                        help="tessera recuts ahead for the claims placed in the last this many seconds "
+                             "(default, as the operator: 2 x (pendingAfter + pass + recut seconds); 0: never)")
     parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=STRATEGIES)
     args = parser.parse_args(argv)
     pods = read_trace(TRACE, args.pods)

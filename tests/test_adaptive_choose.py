@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_recuts
+from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_ahead, plan_recuts
 from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors, fit, slot_of
 from tessera.adaptive.layouts import menu_devices, slots_of
 from tessera.dra.deviceclasses import device_classes
@@ -267,19 +267,15 @@ def test_a_plan_recuts_only_free_gpus_within_the_cap_and_every_claim_it_places_f
             assert fit(claim, slots, CLASSES, consume=True) is not None
 
 
-def test_a_free_cut_gpu_stays_a_warm_spare_only_while_as_many_idle_layout_gpus_are_free() -> None:
+def test_a_free_cut_gpu_goes_back_to_idle_unless_held_cooling_planned_or_kept() -> None:
     pol = policy()
     cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", True)
     whole_free = AdaptiveGpu("node-a", gpu(1), pol, "whole", True)
-    whole_busy = AdaptiveGpu("node-a", gpu(1), pol, "whole", False)
     nothing = plan_recuts([], [cut, whole_free], CLASSES, {"adaptive": 2})
-    recent = [demand("r", MIG_3G)]
-    assert back_to_idle([cut, whole_free], nothing) == [cut], "without recent demand: back to idle"
-    assert back_to_idle([cut, whole_free], nothing, recent, CLASSES) == [], "a spare while a whole GPU is free"
-    assert back_to_idle([cut, whole_busy], nothing, recent, CLASSES) == [cut], "whole GPUs run short: back"
-    assert back_to_idle([cut, whole_free], nothing, [demand("w", WHOLE)], CLASSES) == [cut], "of no use: back"
+    assert back_to_idle([cut, whole_free], nothing) == [cut], "free, cooled, on another layout: back"
+    assert back_to_idle([cut, whole_free], nothing, keep={gpu(0).uuid}) == [], "kept for claims expected"
     busy_cut = AdaptiveGpu("node-a", gpu(0), pol, "halves", False)
-    assert back_to_idle([busy_cut, whole_busy], nothing) == [], "held or cooling down: never"
+    assert back_to_idle([busy_cut, whole_free], nothing) == [], "held or cooling down: never"
 
 
 def test_a_thousand_waiting_claims_recut_no_more_than_the_cap() -> None:
@@ -291,3 +287,100 @@ def test_a_thousand_waiting_claims_recut_no_more_than_the_cap() -> None:
     assert len(plan.recuts) == 4
     assert len(plan.placed) + len(plan.waiting) == 1000
     assert len(plan.placed) == sum(len(r.claims) for r in plan.recuts)  # each placed claim on a recut GPU
+
+
+# ---------------------------------------------------------------- free devices beside a recut
+
+
+def _halves_slots(pol: SharingPolicy, index: int) -> list[Any]:
+    option = next(o for o in menu_devices(pol, gpu(index)) if o.layout_name == "halves")
+    return slots_of(option.devices)
+
+
+def test_a_claim_spanning_a_recut_gpu_and_a_device_free_beside_it_is_served() -> None:
+    pol = policy()
+    # GPU 0 is cut in halves and cooling down (not recuttable), both its 3g instances free;
+    # GPU 1 is whole and free. Three 3g instances: one recut of GPU 1 plus GPU 0's free ones.
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "halves", False), AdaptiveGpu("node-a", gpu(1), pol, "whole", True)]
+    trio = demand("trio", {**MIG_3G, "exactly": {**MIG_3G["exactly"], "count": 3}})
+    without = plan_recuts([trio], gpus, CLASSES, {"adaptive": 2})
+    assert without.recuts == ()
+    assert without.waiting == ("team-a/trio",), "not offered GPU 0's devices, no one recut is enough"
+    plan = plan_recuts([trio], gpus, CLASSES, {"adaptive": 2}, free={"node-a": _halves_slots(pol, 0)})
+    assert [(r.index, r.layout, r.claims) for r in plan.recuts] == [(1, "halves", ("team-a/trio",))]
+    assert set(plan.placed["team-a/trio"]) == {gpu(0).uuid, gpu(1).uuid}
+
+
+def test_a_gpu_is_never_recut_to_the_layout_it_has() -> None:
+    pol = policy()
+    # GPU 0 is already in halves, free and recuttable; its devices are offered as free. The
+    # claim needs three 3g instances: only GPU 1 is recut, GPU 0 serves as it is.
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "halves", True), AdaptiveGpu("node-a", gpu(1), pol, "whole", True)]
+    trio = demand("trio", {**MIG_3G, "exactly": {**MIG_3G["exactly"], "count": 3}})
+    plan = plan_recuts([trio], gpus, CLASSES, {"adaptive": 2}, free={"node-a": _halves_slots(pol, 0)})
+    assert [(r.index, r.layout) for r in plan.recuts] == [(1, "halves")]
+    assert set(plan.placed["team-a/trio"]) == {gpu(0).uuid, gpu(1).uuid}
+
+
+def test_the_devices_of_a_gpu_being_recut_are_not_counted_beside_its_new_ones() -> None:
+    pol = policy()
+    # GPU 0 is whole, free and recuttable: its whole device is offered as free. Recut, that
+    # device is gone: three devices of any kind need seven 1g slices, not two halves beside
+    # the whole device that would no longer exist.
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "whole", True), AdaptiveGpu("node-a", gpu(1), pol, "whole", False)]
+    whole_slots = slots_of(menu_devices(pol, gpu(0))[0].devices)
+    three = demand("three", exactly("gpu.tessera.dev", count=3))
+    plan = plan_recuts([three], gpus, CLASSES, {"adaptive": 2}, free={"node-a": whole_slots})
+    assert [(r.index, r.layout) for r in plan.recuts] == [(0, "slices")]
+    assert plan.placed["team-a/three"] == (gpu(0).uuid,)
+
+
+def test_a_gpu_away_from_the_idle_layout_is_recut_before_a_whole_one() -> None:
+    pol = policy()
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "whole", True), AdaptiveGpu("node-a", gpu(1), pol, "slices", True)]
+    plan = plan_recuts([demand("m", MIG_3G)], gpus, CLASSES, {"adaptive": 2})
+    assert [(r.index, r.layout) for r in plan.recuts] == [(1, "halves")]
+
+
+def test_on_a_tie_the_node_with_the_fewest_gpus_free_to_recut_is_recut() -> None:
+    pol = policy()
+    # node-a sorts first but has four free GPUs; node-b has one (the rest busy). Cutting
+    # node-b keeps node-a whole for a claim of many GPUs.
+    gpus = [AdaptiveGpu("node-a", gpu(i), pol, "whole", True) for i in range(4)]
+    gpus += [AdaptiveGpu("node-b", gpu(i), pol, "whole", i == 3) for i in range(4)]
+    plan = plan_recuts([demand("m", MIG_3G)], gpus, CLASSES, {"adaptive": 2})
+    assert [(r.node, r.index) for r in plan.recuts] == [("node-b", 3)]
+
+
+# ---------------------------------------------------------------- ahead of demand
+
+
+def test_claims_like_the_recent_ones_get_a_gpu_recut_ahead_when_nothing_published_fits_them() -> None:
+    pol = policy()
+    gpus = adaptive_gpus(3, current="whole")
+    whole = {"node-a": [s for g in gpus for s in slots_of(menu_devices(pol, g.gpu)[0].devices)]}
+    expected = [demand("e0", MIG_3G), demand("e1", MIG_3G), demand("e2", MIG_3G)]
+    ahead = plan_ahead(expected, gpus, CLASSES, {"adaptive": 2}, free=whole)
+    assert [(r.layout, r.ahead) for r in ahead.recuts] == [("halves", True), ("halves", True)]
+    assert ahead.recuts[0].reason == "recut ahead for claims like team-a/e0, team-a/e1"
+    assert ahead.keep == frozenset(), "no expected claim fits a device published now"
+
+
+def test_expected_claims_that_fit_free_devices_keep_those_gpus_and_recut_nothing() -> None:
+    pol = policy()
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "halves", True), AdaptiveGpu("node-a", gpu(1), pol, "whole", True)]
+    free = {"node-a": [*_halves_slots(pol, 0), *slots_of(menu_devices(pol, gpu(1))[0].devices)]}
+    ahead = plan_ahead([demand("e", MIG_3G), demand("w", WHOLE)], gpus, CLASSES, {"adaptive": 2}, free=free)
+    assert ahead.recuts == ()
+    assert ahead.keep == {gpu(0).uuid, gpu(1).uuid}
+    nothing = plan_recuts([], gpus, CLASSES, {"adaptive": 2})
+    assert back_to_idle(gpus, nothing) == [gpus[0]], "unkept, the free cut GPU goes back to idle"
+    assert back_to_idle(gpus, nothing, keep=ahead.keep) == [], "kept for the claims expected"
+
+
+def test_ahead_recuts_spare_busy_gpus_and_respect_the_cap() -> None:
+    gpus = adaptive_gpus(2, current="whole")
+    expected = [demand("e", MIG_3G)]
+    assert plan_ahead(expected, gpus, CLASSES, {"adaptive": 0}, free={}).recuts == ()
+    busy = plan_ahead(expected, gpus, CLASSES, {"adaptive": 2}, free={}, busy={gpus[0].gpu.uuid})
+    assert [r.index for r in busy.recuts] == [1]

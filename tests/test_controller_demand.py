@@ -304,3 +304,82 @@ async def test_a_restart_without_a_recorded_time_starts_the_cooldown_then() -> N
     wall.now += timedelta(seconds=2)
     await restarted.run_pass()
     assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole"
+
+
+async def test_a_claim_needing_a_recut_gpu_and_a_free_device_beside_it_gets_the_recut() -> None:
+    """GPU 0 is in halves with one 3g instance held; a claim for three 3g instances needs its
+    free one beside GPU 1 recut to halves: the pass offers the room GPU 0's free device."""
+    view, demand, clock, _ = setup(gpus=2)
+    demand.claim_seen("ADDED", pending_claim("c"))
+    demand.pod_seen("ADDED", waiting_pod("p", "c"))
+    clock.now += 10
+    first = await demand.run_pass()
+    assert first is not None
+    assert [(r.index, r.layout) for r in first.recuts] == [(0, "halves")]
+    view.decide()
+    targets = [g.target for g in view.decisions[NODE].gpus]
+    assert targets[0] is not None
+    assert targets[1] is not None
+    view.fleet.set_layout(layout_body([status_after(gpu(0), targets[0]), gpu(1)], targets))
+    view.decide()
+    allocated = claim_body("c", ["gpu-0-mig-3g-40gb-0"], namespace="team-a", pods=["p"])
+    view.fleet.set_claim(allocated)
+    demand.claim_seen("MODIFIED", allocated)
+
+    trio = pending_claim("trio")
+    trio["spec"]["devices"]["requests"][0]["exactly"]["count"] = 3
+    demand.claim_seen("ADDED", trio)
+    demand.pod_seen("ADDED", waiting_pod("t", "trio"))
+    clock.now += 10
+    plan = await demand.run_pass()
+    assert plan is not None
+    assert [(r.index, r.layout, r.claims) for r in plan.recuts] == [(1, "halves", ("team-a/trio",))]
+    assert set(plan.placed["team-a/trio"]) == {gpu(0).uuid, gpu(1).uuid}
+
+
+async def test_a_gpu_is_recut_ahead_for_claims_like_those_just_placed_and_not_after_the_lead_time() -> None:
+    view, demand, clock, events = setup(gpus=3)
+    for name in ("c", "c2"):
+        demand.claim_seen("ADDED", pending_claim(name))
+        demand.pod_seen("ADDED", waiting_pod(f"p-{name}", name))
+    clock.now += 10
+    first = await demand.run_pass()
+    assert first is not None
+    assert [(r.index, r.layout) for r in first.recuts] == [(0, "halves")], "both claims wait: no forecast yet"
+    view.decide()
+    targets = [g.target for g in view.decisions[NODE].gpus if g.target is not None]
+    assert len(targets) == 3
+    view.fleet.set_layout(layout_body([status_after(gpu(0), targets[0]), gpu(1), gpu(2)], targets))
+    view.decide()
+    for name, start in (("c", 0), ("c2", 4)):
+        allocated = claim_body(name, [f"gpu-0-mig-3g-40gb-{start}"], namespace="team-a", pods=[f"p-{name}"])
+        view.fleet.set_claim(allocated)
+        demand.claim_seen("MODIFIED", allocated)
+    clock.now += 5
+    await demand.run_pass()
+    assert view.fleet.adaptive_choices.get(gpu(1).uuid) == "halves", "two 3g claims just came: two more are expected"
+    status = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    rows = [(r.index, r.layout, r.reason) for r in status.adaptive]
+    assert (1, "halves", "recut ahead for claims like team-a/c, team-a/c2") in rows
+    assert [e[0] for e in events if e[2] == "AdaptiveRecut"] == ["c", "c2"], "no Event for a recut ahead"
+
+
+async def test_no_recut_ahead_once_the_claims_are_older_than_the_lead_time() -> None:
+    view, demand, clock, _ = setup(gpus=3)
+    for name in ("c", "c2"):
+        demand.claim_seen("ADDED", pending_claim(name))
+        demand.pod_seen("ADDED", waiting_pod(f"p-{name}", name))
+    clock.now += 10
+    await demand.run_pass()
+    view.decide()
+    targets = [g.target for g in view.decisions[NODE].gpus if g.target is not None]
+    view.fleet.set_layout(layout_body([status_after(gpu(0), targets[0]), gpu(1), gpu(2)], targets))
+    view.decide()
+    for name, start in (("c", 0), ("c2", 4)):
+        allocated = claim_body(name, [f"gpu-0-mig-3g-40gb-{start}"], namespace="team-a", pods=[f"p-{name}"])
+        view.fleet.set_claim(allocated)
+        demand.claim_seen("MODIFIED", allocated)
+    clock.now += demand.lead_time(demand.adaptive_policies()) + 1
+    await demand.run_pass()
+    assert gpu(1).uuid not in view.fleet.adaptive_choices
+    assert gpu(2).uuid not in view.fleet.adaptive_choices

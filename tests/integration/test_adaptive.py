@@ -1,7 +1,7 @@
 """Adaptive layouts against the real kube-scheduler, operator and simulated agent: an idle GPU
 is recut for a claim whose Pod is Unschedulable, and the scheduler then really allocates the
-new device; a claim no menu can satisfy gets one Warning and no recut; a GPU free again stays
-cut as a warm spare while a whole GPU is free, and is recut back to whole when a Pod needs it."""
+new device; a claim no menu can satisfy gets one Warning and no recut; a GPU free again goes
+back to whole once the claims like its own are older than the lead time and its cooldown is over."""
 
 from __future__ import annotations
 
@@ -110,14 +110,13 @@ async def test_an_idle_gpu_is_recut_for_a_waiting_claim_and_the_scheduler_alloca
     assert node_devices(cluster, node).keys() == before.keys(), "nothing recut for a claim that cannot fit"
     delete_pod_now(cluster, namespace, "huge")
 
-    # The slice's Pod goes. Its GPU stays cut as a warm spare (the claims seen lately could use
-    # it, and a whole GPU is still free) ...
+    # The slice's Pod goes. Its GPU is kept cut only while claims like it came within the lead
+    # time (they forecast the next ones); past that and the cooldown, it is back to whole, and
+    # two Pods that want a whole GPU each get one.
     delete_pod_now(cluster, namespace, "slice")
     await wait_for(lambda: claim_of_gone(cluster, namespace, name), timeout=60, message="the slice's claim gone")
-    await asyncio.sleep(6)  # twice the cooldown
-    assert len(whole_gpus(node_devices(cluster, node))) == 1, "a warm spare while a whole GPU is free"
-    # ... until whole GPUs run short: two Pods want one each; the first takes the free one, the
-    # second waits, and the spare is recut back to whole for it.
+    await wait_for(lambda: whole_gpus(node_devices(cluster, node)) == ["gpu-0", "gpu-1"], timeout=120,
+                   message="the free GPU back to whole")
     apply(cluster, claim_template("whole", namespace, "whole-gpu.tessera.dev"),
           pod_with_claim("whole-1", namespace, "whole", on_node(node)),
           pod_with_claim("whole-2", namespace, "whole", on_node(node)))

@@ -9,10 +9,14 @@ The rule, claim by claim, oldest first:
    it: no new recut.
 2. Else every option is tried: on every node, for every menu layout of a policy there, the
    fewest of that policy's recuttable GPUs (``k`` = 1, 2, …) recut to that layout that let the
-   claim fit together with the node's free devices. The option chosen is the least by
-   ``(k, -hosted, fragmentation, node, GPU index, menu order)``, where ``hosted`` counts how
-   many of the next waiting claims (up to :data:`LOOKAHEAD`) the option's leftover would also
-   take; its GPUs join the plan and the claim's devices are taken from them.
+   claim fit together with the node's free devices (those of GPUs not being recut: a claim
+   may span a recut GPU and a device free elsewhere on its node). A GPU is never recut to the
+   layout it has, and GPUs away from the idle layout are recut before those on it. The option
+   chosen is the least by ``(k, -hosted, fragmentation, recuttable GPUs on the node, node,
+   GPU index, menu order)``, where ``hosted`` counts how many of the next waiting claims (up
+   to :data:`LOOKAHEAD`) the option's leftover would also take: on a tie the node with the
+   fewest GPUs free to recut wins, so whole nodes stay whole for claims of many GPUs. Its GPUs
+   join the plan and the claim's devices are taken from them.
 3. Else the claim waits (no GPU free, or the cap reached) — unless no layout of any menu on
    any adaptive GPU could ever satisfy it, GPUs idle and recut at will: then it is
    :class:`Unsatisfiable`, with the request that fits nowhere named.
@@ -34,7 +38,7 @@ Not for: I/O, timers or writing layouts (``tessera.controller.demand`` does thos
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -67,9 +71,12 @@ class Recut:
     policy: str
     layout: str
     claims: tuple[str, ...]  # the pending claims it is for (namespace/name)
+    ahead: bool = False  # for claims like these expected soon (:func:`plan_ahead`), not waiting ones
 
     @property
     def reason(self) -> str:
+        if self.ahead:
+            return f"recut ahead for claims like {', '.join(self.claims[:3])}"
         return f"recut for claim {', '.join(self.claims)}" if self.claims else "recut"
 
 
@@ -183,33 +190,38 @@ def plan_recuts(
         # option finds none later in the pass either (planning only takes GPUs away).
         best: tuple[tuple[object, ...], str, list[AdaptiveGpu], MenuOption] | None = None
         for node, node_gpus in sorted(by_node.items()) if claim.shape not in no_option else ():
-            base = [*node_free.get(node, []), *leftover.get(node, [])]
+            recuttable = [g for g in node_gpus if g.recuttable and g.gpu.uuid not in planned]
             for policy_name in sorted({g.policy.name for g in node_gpus}):
-                idle = [
-                    g for g in node_gpus
-                    if g.policy.name == policy_name and g.recuttable and g.gpu.uuid not in planned
-                ]
-                cap = min(len(idle), left.get(policy_name, 0))
-                if cap <= 0:
+                mine = [g for g in recuttable if g.policy.name == policy_name]
+                if not mine or left.get(policy_name, 0) <= 0:
                     continue
-                for rank, option in enumerate(menus.options(idle[0].policy, idle[0].gpu)):
-                    for k in range(1, cap + 1):
+                for rank, option in enumerate(menus.options(mine[0].policy, mine[0].gpu)):
+                    # Never recut a GPU to the layout it has (its free devices are in the base
+                    # already); GPUs away from the idle layout go first, so whole ones stay whole.
+                    idle = sorted(
+                        (g for g in mine if g.current != option.layout_name),
+                        key=lambda g: (g.current == _idle_layout(g), g.gpu.index),
+                    )
+                    for k in range(1, min(len(idle), left[policy_name]) + 1):
                         chosen = idle[:k]
-                        if all(g.current == option.layout_name for g in chosen):
-                            continue  # nothing to recut: such a GPU would serve the claim already
+                        gone = {g.gpu.uuid for g in chosen}
+                        base = [*(s for s in node_free.get(node, []) if s.gpu not in gone), *leftover.get(node, [])]
                         verdict = _try(position, claim, following, base, chosen, option, menus, classes, shapes,
                                        fresh_fits)
                         if verdict is None:
                             continue
                         hosted, score = verdict
-                        cost = (k, -hosted, score, node, chosen[0].gpu.index, rank)
+                        # Ties go to the node with the fewest GPUs free to recut: whole nodes stay whole.
+                        cost = (k, -hosted, score, len(recuttable), node, chosen[0].gpu.index, rank)
                         if best is None or cost < best[0]:
                             best = (cost, node, chosen, option)
                         break
         if best is not None:
             _, node, chosen, option = best
-            own = len(node_free.get(node, []))
-            slots = [*node_free.get(node, []), *leftover.get(node, [])]  # the same objects: consumed in place
+            gone = {g.gpu.uuid for g in chosen}
+            node_free[node] = [s for s in node_free.get(node, []) if s.gpu not in gone]  # their devices go
+            own = len(node_free[node])
+            slots = [*node_free[node], *leftover.get(node, [])]  # the same objects: consumed in place
             for g in chosen:
                 opt = next(o for o in menus.options(g.policy, g.gpu) if o.layout_name == option.layout_name)
                 planned[g.gpu.uuid] = _Planned(g, opt, [claim.key])
@@ -238,6 +250,11 @@ def plan_recuts(
     return RecutPlan(recuts, placed, tuple(unsatisfiable), tuple(waiting), score)
 
 
+def _idle_layout(gpu: AdaptiveGpu) -> str | None:
+    adaptive = gpu.policy.spec.adaptive
+    return adaptive.idle if adaptive is not None else None
+
+
 def _place(claim: ClaimDemand, slots: list[Slot], classes: ClassSelectors) -> set[str] | None:
     """Fit ``claim`` on ``slots``, consuming them; the GPUs whose devices it took from."""
     before = [(s.taken, dict(s.free)) for s in slots]
@@ -263,11 +280,12 @@ def _try(
     and the fragmentation of the recut GPUs after them. Without ``base`` the answer depends
     only on the claim's place in the queue, the GPUs' model, the layout and how many, so it is
     remembered across nodes."""
-    key: tuple[object, ...] | None = None
-    if not base:
-        key = (position, chosen[0].policy.name, option.layout_name, _model_key(chosen[0].gpu), len(chosen))
-        if key in memo:
-            return memo[key]
+    # The base enters the key by what it offers (device names and what is left of them), not
+    # by node: nodes alike in what is free answer alike.
+    signature = tuple((s.name, s.taken, tuple(sorted(s.free.items()))) for s in base)
+    key = (position, chosen[0].policy.name, option.layout_name, _model_key(chosen[0].gpu), len(chosen), signature)
+    if key in memo:
+        return memo[key]
     slots = [s.copy() for s in base]
     for g in chosen:
         opt = next((o for o in menus.options(g.policy, g.gpu) if o.layout_name == option.layout_name), None)
@@ -278,8 +296,7 @@ def _try(
     if fit(claim, slots, classes, consume=True) is not None:
         hosted = sum(1 for other in following if fit(other, slots, classes, consume=True) is not None)
         verdict = (hosted, fragmentation(slots[len(base):], shapes, classes))
-    if key is not None:
-        memo[key] = verdict
+    memo[key] = verdict
     return verdict
 
 
@@ -331,40 +348,63 @@ def _fits_somewhere(claim: ClaimDemand, gpus: Sequence[AdaptiveGpu], menus: Menu
     return False
 
 
-def back_to_idle(
-    gpus: Sequence[AdaptiveGpu],
-    plan: RecutPlan,
-    recent: Sequence[ClaimDemand] = (),
-    classes: ClassSelectors | None = None,
-    menus: MenuCache | None = None,
-) -> list[AdaptiveGpu]:
-    """GPUs to return to their policy's idle layout: recuttable (so free and past their
-    cooldown), on another menu layout, and not just planned for a claim by ``plan``. The
-    cooldown is what keeps alternating demand from flapping a GPU: at most one recut each way
-    per cooldown.
+@dataclass(frozen=True)
+class AheadPlan:
+    recuts: tuple[Recut, ...]  # GPUs to recut now for the claims expected
+    keep: frozenset[str]  # UUIDs of free GPUs the expected claims would use as they are
 
-    With ``recent`` demand, a free GPU whose layout some recent claim could use stays cut, as
-    a warm spare, while its policy keeps at least as many free GPUs on the idle layout as it
-    keeps spares (so large requests still find idle-layout GPUs): the next claim like the
-    recent ones is placed at once instead of waiting for another recut."""
-    planned = {r.gpu for r in plan.recuts}
-    shapes = list({d.shape: d for d in recent}.values())
+
+def plan_ahead(
+    expected: Sequence[ClaimDemand],
+    gpus: Sequence[AdaptiveGpu],
+    classes: ClassSelectors,
+    recuts_left: Mapping[str, int],
+    *,
+    free: Mapping[str, Sequence[Slot]],
+    busy: Collection[str] = (),
+    menus: MenuCache | None = None,
+) -> AheadPlan:
+    """Recuts ahead of demand: the claims ``expected`` within the time a recut takes (the
+    caller passes those that arrived within the last such span: the next span is forecast to
+    bring claims like them) are placed, first fit in order, on the ``free`` devices (node →
+    devices no claim holds, of GPUs not being recut); those that fit nowhere get recuts from
+    :func:`plan_recuts`, among GPUs not in ``busy`` (planned already for waiting claims), within
+    ``recuts_left``. So a claim like the recent ones finds a device published when it comes,
+    instead of waiting the debounce and a recut while whole GPUs sit free. The GPUs the
+    expected claims would use as they are are kept (:func:`back_to_idle` leaves them)."""
     menus = menus or MenuCache()
-    free_idle: dict[str, int] = defaultdict(int)
-    for g in gpus:
-        adaptive = g.policy.spec.adaptive
-        if adaptive is not None and g.recuttable and g.current == adaptive.idle and g.gpu.uuid not in planned:
-            free_idle[g.policy.name] += 1
-    spares: dict[str, int] = defaultdict(int)
+    pool = {node: [s.copy() for s in slots] for node, slots in sorted(free.items())}
+    keep: set[str] = set()
+    unserved: list[ClaimDemand] = []
+    for claim in expected:
+        for slots in pool.values():
+            used = _place(claim, slots, classes)
+            if used is not None:
+                keep |= used
+                break
+        else:
+            unserved.append(claim)
+    if not unserved:
+        return AheadPlan((), frozenset(keep))
+    out = set(busy) | keep
+    candidates = [g if g.gpu.uuid not in out else AdaptiveGpu(g.node, g.gpu, g.policy, g.current, False) for g in gpus]
+    left = {node: [s for s in slots if s.gpu not in out] for node, slots in pool.items()}
+    plan = plan_recuts(unserved, candidates, classes, recuts_left, free=left, menus=menus)
+    recuts = tuple(Recut(r.node, r.gpu, r.index, r.policy, r.layout, r.claims, ahead=True) for r in plan.recuts)
+    return AheadPlan(recuts, frozenset(keep))
+
+
+def back_to_idle(gpus: Sequence[AdaptiveGpu], plan: RecutPlan, *, keep: Collection[str] = ()) -> list[AdaptiveGpu]:
+    """GPUs to return to their policy's idle layout: recuttable (so free and past their
+    cooldown), on another menu layout, not just planned for a claim by ``plan``, and not in
+    ``keep`` (UUIDs: those :func:`plan_ahead` expects claims like the recent ones to use, or
+    recuts ahead). The cooldown is what keeps alternating demand from flapping a GPU: at most
+    one recut each way per cooldown."""
+    planned = {r.gpu for r in plan.recuts} | set(keep)
     out = []
     for g in gpus:
         adaptive = g.policy.spec.adaptive
         if adaptive is None or not g.recuttable or g.current == adaptive.idle or g.gpu.uuid in planned:
             continue
-        if shapes and classes is not None and spares[g.policy.name] < free_idle[g.policy.name]:
-            option = next((o for o in menus.options(g.policy, g.gpu) if o.layout_name == g.current), None)
-            if option is not None and any(fit(d, slots_of(option.devices), classes) is not None for d in shapes):
-                spares[g.policy.name] += 1
-                continue
         out.append(g)
     return out

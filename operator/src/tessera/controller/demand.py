@@ -9,7 +9,9 @@ Pods from a list-watch of this module's own.
 Every ``interval`` the pass collects the GPUs of ``Adaptive`` policies from the Controller's
 last decisions, marks a GPU recuttable only when no claim holds any of its devices, nothing
 on it is in use, its cooldown has passed and no recut of it is under way, and asks the pure
-room (``tessera.adaptive.choose.plan_recuts``) what to recut. A recut is only a choice in
+room (``tessera.adaptive.choose.plan_recuts``) what to recut, offering it too the devices
+of those GPUs (not being recut) that no claim holds, so a claim that needs a recut GPU and a
+device free beside it is served. A recut is only a choice in
 ``Fleet.adaptive_choices`` and a reconcile of its node: the Controller then hands the GPU over
 as for any layout change (taint, grace, a fresh claim list, then the spec) and the agent's
 claim guard checks again, unchanged. GPUs whose devices are all free go back to the idle
@@ -38,11 +40,13 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_recuts
-from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors
+from tessera.adaptive.choose import AdaptiveGpu, AheadPlan, MenuCache, RecutPlan, back_to_idle, plan_ahead, plan_recuts
+from tessera.adaptive.claims import ClaimDemand, Slot, claim_demand, class_selectors
+from tessera.adaptive.layouts import slots_of
 from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
 from tessera.dra.deviceclasses import device_classes
+from tessera.dra.devices import build_gpu_devices
 from tessera.models.devices import parse_device_name
 from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import AdaptiveGpuLayout, SharingPolicy, SharingPolicyStatus, Strategy
@@ -62,6 +66,17 @@ FRAGMENTATION = Gauge(
 )
 
 DEFAULT_INTERVAL = 1.0  # seconds between passes
+RECUT_SECONDS = 20.0  # what a recut is taken to last (handover grace, agent apply, publish), for the lead time
+AHEAD_FACTOR = 2.0  # the lead time's claims forecast the next: twice the wait a recut would cost
+
+
+@dataclass(frozen=True)
+class _Pass:
+    plan: RecutPlan
+    gpus: list[AdaptiveGpu]
+    free: dict[str, list[Slot]]
+    left: dict[str, int]
+    lead: float  # seconds of arrivals that forecast the next claims
 RECENT_CLAIMS = 64  # claim shapes kept for the fragmentation score
 
 
@@ -170,6 +185,7 @@ class AdaptiveDemand:
         self.choices: dict[str, _Choice] = {}  # GPU UUID -> the layout chosen and why
         self.warned: set[str] = set()  # claim UIDs told that nothing can satisfy them
         self.recent: list[ClaimDemand] = []
+        self.arrivals: list[tuple[float, ClaimDemand]] = []  # (first seen, claim), the last RECENT_CLAIMS
         self.menus = MenuCache()
         self.last_plan: RecutPlan | None = None
         self._task: asyncio.Task[None] | None = None
@@ -189,6 +205,7 @@ class AdaptiveDemand:
             return
         if key not in self.claims:
             self.recent = [*self.recent[-(RECENT_CLAIMS - 1):], demand]
+            self.arrivals = [*self.arrivals[-(RECENT_CLAIMS - 1):], (self.clock(), demand)]
         self.claims[key] = demand
 
     def pod_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
@@ -233,13 +250,17 @@ class AdaptiveDemand:
                    if key in self.claims and now - since >= debounce]
         return [self.claims[key] for _, key in sorted(waiting)]
 
-    def adaptive_gpus(self, policies: Mapping[str, SharingPolicy]) -> tuple[list[AdaptiveGpu], dict[str, int]]:
-        """Every GPU an Adaptive policy won, whether it may be recut now, and per policy how many
-        recuts are under way."""
+    def adaptive_gpus(
+        self, policies: Mapping[str, SharingPolicy]
+    ) -> tuple[list[AdaptiveGpu], dict[str, int], dict[str, list[Slot]]]:
+        """Every GPU an Adaptive policy won, whether it may be recut now, per policy how many
+        recuts are under way, and per node the devices of those GPUs that no claim holds and
+        no recut is replacing (a claim may need one of them beside a recut GPU)."""
         fleet = self.controller.fleet
         now = self.clock()
         out: list[AdaptiveGpu] = []
         under_way: dict[str, int] = dict.fromkeys(policies, 0)
+        free: dict[str, list[Slot]] = {}
         for node, decision in sorted(self.controller.decisions.items()):
             view = fleet.nodes.get(node)
             if view is None or view.layout is None:
@@ -268,12 +289,15 @@ class AdaptiveDemand:
                 )
                 if applying:
                     under_way[policy.name] += 1
+                elif reported is not None:
+                    built = slots_of(build_gpu_devices(reported))
+                    free.setdefault(node, []).extend(s for s in built if s.name not in held)
                 busy = gpu.in_use or any(i.in_use for i in gpu.mig_instances) or any(
                     _gpu_index(device) == gpu.index for device in held
                 )
                 cooled = now - choice.since >= policy.spec.adaptive.cooldown_seconds
                 out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
-        return out, under_way
+        return out, under_way, free
 
     def _remembered(self, policy: SharingPolicy, gpu: str, layout: str, now: float) -> _Choice:
         """A GPU this process has not chosen for yet: what the policy's status recorded of it.
@@ -301,21 +325,44 @@ class AdaptiveDemand:
     def choose(self) -> tuple[RecutPlan, list[AdaptiveGpu]] | None:
         """What the pure room would recut now (None: no Adaptive policy); changes nothing
         (``tessera plan --live`` shows it as it is)."""
+        chosen = self._choose()
+        return (chosen.plan, chosen.gpus) if chosen is not None else None
+
+    def _choose(self) -> _Pass | None:
         policies = self.adaptive_policies()
         pending = self.pending(policies)
         PENDING.set(len(pending))
         if not policies:
             return None
-        gpus, under_way = self.adaptive_gpus(policies)
+        gpus, under_way, free = self.adaptive_gpus(policies)
         left = {n: max(0, p.spec.adaptive.max_recuts - under_way.get(n, 0))
                 for n, p in policies.items() if p.spec.adaptive}
-        return plan_recuts(pending, gpus, self.classes, left, recent=self.recent, menus=self.menus), gpus
+        plan = plan_recuts(pending, gpus, self.classes, left, free=free, recent=self.recent, menus=self.menus)
+        return _Pass(plan, gpus, free, left, self.lead_time(policies))
+
+    def lead_time(self, policies: Mapping[str, SharingPolicy]) -> float:
+        """How far back the claims that forecast the next ones reach: twice the time a claim
+        that fits nothing published would wait (the debounce, a pass, a recut)."""
+        debounce = min(p.spec.adaptive.pending_after_seconds for p in policies.values() if p.spec.adaptive)
+        return AHEAD_FACTOR * (debounce + self.interval + RECUT_SECONDS)
+
+    def _ahead(self, chosen: _Pass) -> AheadPlan:
+        """Recuts ahead for claims like those that arrived within the lead time and were placed."""
+        now = self.clock()
+        self.arrivals = [(at, c) for at, c in self.arrivals if now - at <= chosen.lead]
+        plan = chosen.plan
+        busy = {r.gpu for r in plan.recuts} | {u for uuids in plan.placed.values() for u in uuids}
+        left = {n: v - sum(1 for r in plan.recuts if r.policy == n) for n, v in chosen.left.items()}
+        # Claims still unallocated are not a forecast: they wait out the debounce like any other.
+        expected = [c for _, c in self.arrivals if c.key not in self.claims]
+        return plan_ahead(expected, chosen.gpus, self.classes, left, free=chosen.free,
+                          busy=busy, menus=self.menus)
 
     async def run_pass(self) -> RecutPlan | None:
-        chosen = self.choose()
+        chosen = self._choose()
         if chosen is None:
             return None
-        plan, gpus = chosen
+        plan, gpus = chosen.plan, chosen.gpus
         self.last_plan = plan
         FRAGMENTATION.set(float(plan.fragmentation))
         now = self.clock()
@@ -339,7 +386,16 @@ class AdaptiveDemand:
                 self.warned.add(uid)
                 log.warning("no adaptive layout can satisfy a claim", claim=never.claim, why=never.message)
                 await self._tell(never.claim, "Warning", "NoAdaptiveLayoutFits", never.message)
-        for gpu in back_to_idle(gpus, plan, self.recent, self.classes, self.menus):
+        ahead = self._ahead(chosen)
+        for recut in ahead.recuts:
+            self.choices[recut.gpu] = _Choice(recut.layout, recut.reason, now, stamp)
+            self.controller.fleet.adaptive_choices[recut.gpu] = recut.layout
+            touched.add(recut.node)
+            RECUTS.labels("ahead").inc()
+            log.info("recutting an idle GPU ahead of claims like recent ones", node=recut.node, gpu=recut.index,
+                     layout=recut.layout, policy=recut.policy, like=list(recut.claims))
+        keep = ahead.keep | {r.gpu for r in ahead.recuts}
+        for gpu in back_to_idle(gpus, plan, keep=keep):
             assert gpu.policy.spec.adaptive is not None
             idle = gpu.policy.spec.adaptive.idle
             self.choices[gpu.gpu.uuid] = _Choice(idle, "idle default", now, stamp)
