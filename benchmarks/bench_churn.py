@@ -1,8 +1,9 @@
-"""A shortened long run (issue #21, item 6): policy edits, claims and kills at up to 100 cheap
-nodes for a bounded time, with the operator's and one agent's resident memory sampled after a
-warm-up, to show whether either grows.
+"""The long run (issue #21, item 6): policy edits, claims and kills at up to 100 cheap nodes for
+up to two hours, with the operator's and one agent's resident memory sampled after a warm-up, to
+show whether either grows (the bar: less than 5% an hour).
 
-    .venv/bin/python benchmarks/bench_churn.py [--nodes 100] [--minutes 10] [--warmup 120] [--seed 1]
+    .venv/bin/python benchmarks/bench_churn.py [--nodes 100] [--minutes 65] [--warmup 300] [--seed 1]
+        [--variant NAME[:ENV=VALUE,...]] ...
 
 Starts its own control plane. The operator and two agents are real processes (``python -m
 tessera``): one agent is sampled, the other is the one the churn kills. Every other node's agent
@@ -11,8 +12,17 @@ machine). The churn, seeded: the SharingPolicy over every node switches between 
 (2-6 replicas) and a MIG layout; pending ResourceClaims are created and deleted; the
 kube-apiserver is SIGKILLed and started again, and the victim agent killed and restarted, every
 ``--kill-every`` seconds. After ``--warmup`` s, VmRSS of the operator and of the sampled agent is
-read every ``--sample-every`` s. Printed: the first and last sample, the growth, a least-squares
-slope, and that slope extrapolated to an hour (an extrapolation, not an hour measured).
+read every ``--sample-every`` s, and a progress line printed every five minutes (a run cut short
+still says what it saw). Printed at the end: the first and last sample, the growth, a
+least-squares slope, and one ``VERDICT`` line per process: growth per hour from the first to the
+last sample after the warm-up (the figure the bar is about) and the slope per hour beside it,
+PASS below 5%/h. Under an hour either is an extrapolation, and says so.
+
+Each ``--variant`` adds one more sampled agent on a node of its own, started through
+``traced_tessera`` (which writes its malloc arenas, thread count and RSS to ``<name>.trace`` in
+the run's folder, kept with ``--keep``) with the given environment, e.g. ``arena2:MALLOC_ARENA_MAX=2``
+or ``plain:`` (the default allocator, with the witness): an allocator setting compared against the
+same churn, side by side.
 Not for: invariants under faults (``fault_campaign.py``) or rollout speed (``bench_operator.py``).
 """
 
@@ -124,6 +134,42 @@ def rss(process: TesseraProcess) -> int:
     return proc_status(process.popen.pid, "VmRSS")
 
 
+BAR_PERCENT_PER_HOUR = 5.0
+
+
+def verdict(who: str, points: list[tuple[float, int]]) -> str:
+    """The line a script checks: growth per hour after the warm-up, first to last and by slope."""
+    (t0, first), (t1, last) = points[0], points[-1]
+    hours = (t1 - t0) / 3600
+    growth = 100 * (last - first) / first / hours if hours > 0 else 0.0
+    slope = 100 * slope_per_hour(points) / first
+    passed = growth < BAR_PERCENT_PER_HOUR
+    measured = "measured" if hours >= 1 else f"extrapolated from {60 * hours:.0f} min"
+    return (f"VERDICT {who}: {first / MIB:.1f} -> {last / MIB:.1f} MiB, {growth:+.1f}%/h first-to-last "
+            f"({measured}), least-squares {slope:+.1f}%/h; bar <{BAR_PERCENT_PER_HOUR:.0f}%/h: "
+            f"{'PASS' if passed else 'FAIL'}")
+
+
+def keep_files(folder: Path, kept: Path) -> None:
+    """The processes' logs and the variants' traces, copied out of the run's folder."""
+    kept.mkdir(parents=True, exist_ok=True)
+    for path in [*folder.glob("*.trace"), *folder.glob("*.log")]:
+        (kept / path.name).write_bytes(path.read_bytes())
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    name, _, assignments = text.partition(":")
+    env = {}
+    for assignment in filter(None, assignments.split(",")):
+        key, sep, value = assignment.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--variant {text!r}: write NAME or NAME:ENV=VALUE[,ENV=VALUE]")
+        env[key] = value
+    if not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: the name must be a word (letters, digits, _)")
+    return name, env
+
+
 async def run(args: argparse.Namespace) -> int:
     fleet_nodes = [f"fleet-{i:03d}" for i in range(args.nodes - 2)]
     sampled, victim = "agent-sampled", "agent-victim"
@@ -140,6 +186,12 @@ async def run(args: argparse.Namespace) -> int:
                 cluster.add_node(name, labels={LABEL: "fleet"})
             agent = processes.agent(sampled, SIMULATE)
             processes.agent(victim, SIMULATE)
+            variants: dict[str, TesseraProcess] = {}
+            for name, env in args.variant:
+                cluster.add_node(f"agent-{name}", labels={LABEL: "fleet"})
+                trace = Path(folder) / f"{name}.trace"
+                variants[name] = processes.agent(f"agent-{name}", SIMULATE, module="benchmarks.traced_tessera",
+                                                 env={"TESSERA_TRACE_OUT": str(trace), **env})
             fleet = AgentFleet(api, fleet_nodes, SIMULATE, concurrency=8)
             fleet.start()
             churn = Churn(cluster, processes, api, args.seed)
@@ -151,20 +203,29 @@ async def run(args: argparse.Namespace) -> int:
             end = start + args.minutes * 60
             next_kill = start + args.kill_every
             next_sample = start + args.warmup
-            samples: dict[str, list[tuple[float, int]]] = {"operator": [], "agent": []}
+            sampled_processes = {"operator": operator, "agent": agent,
+                                 **{f"agent-{name}": p for name, p in variants.items()}}
+            samples: dict[str, list[tuple[float, int]]] = {who: [] for who in sampled_processes}
+            next_progress = start + args.warmup + 300
             while time.monotonic() < end:
                 now = time.monotonic()
                 if now >= next_kill:
                     await churn.kill(victim)
                     next_kill = time.monotonic() + args.kill_every
                 if now >= next_sample:
-                    samples["operator"].append((now - start, rss(operator)))
-                    samples["agent"].append((now - start, rss(agent)))
+                    for who, process in sampled_processes.items():
+                        samples[who].append((now - start, rss(process)))
                     next_sample += args.sample_every
+                if now >= next_progress:
+                    print(f"[{(now - start) / 60:.0f} min] " + ", ".join(
+                        f"{who} {pts[0][1] / MIB:.1f}->{pts[-1][1] / MIB:.1f} MiB" for who, pts in samples.items()
+                        if pts) + f"; {churn.failed} refused", flush=True)
+                    next_progress += 300
                 await churn.step(victim)
                 await asyncio.sleep(churn.rng.uniform(0.2, 1.0))
-            if not operator.alive() or not agent.alive():
-                print(f"a sampled process died: operator alive={operator.alive()} agent alive={agent.alive()}")
+            dead = [who for who, process in sampled_processes.items() if not process.alive()]
+            if dead:
+                print(f"a sampled process died: {', '.join(dead)}")
                 return 1
             print("actions: " + ", ".join(f"{k} {v}" for k, v in sorted(churn.counts.items()))
                   + f"; {churn.failed} refused (apiserver down); fleet passes failed {fleet.failed_passes}")
@@ -179,27 +240,35 @@ async def run(args: argparse.Namespace) -> int:
                       f"slope {per_hour / MIB:+.1f} MiB/h = {100 * per_hour / first:+.1f}%/h EXTRAPOLATED "
                       f"from {(t1 - t0) / 60:.1f} min")
             print(json.dumps({who: [(round(t), v // 1024) for t, v in pts] for who, pts in samples.items()}))
+            for who, points in samples.items():
+                if len(points) >= 2:
+                    print(verdict(who, points))
             return 0
         finally:
             if fleet is not None:
                 await fleet.stop()
             await api.close()
             processes.stop_all()
+            if args.keep:
+                keep_files(Path(folder), Path(args.keep))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20, help="nodes in all, 3..100 (2 are agent processes)")
-    parser.add_argument("--minutes", type=float, default=4.0, help="how long the churn runs (at most 10)")
+    parser.add_argument("--minutes", type=float, default=4.0, help="how long the churn runs (at most 120)")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds of churn before the first sample")
     parser.add_argument("--sample-every", type=float, default=10.0)
     parser.add_argument("--kill-every", type=float, default=45.0, help="seconds between apiserver+agent kills")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--variant", type=parse_variant, action="append", default=[],
+                        help="one more sampled agent, traced, with this environment: NAME[:ENV=VALUE,...]")
+    parser.add_argument("--keep", help="a folder to copy the processes' logs and the variants' traces into")
     args = parser.parse_args()
     if not 3 <= args.nodes <= 100:
         parser.error("--nodes must be between 3 and 100")
-    if not 0 < args.minutes <= 10:
-        parser.error("--minutes must be more than 0 and at most 10")
+    if not 0 < args.minutes <= 120:
+        parser.error("--minutes must be more than 0 and at most 120")
     if args.warmup >= args.minutes * 60:
         parser.error("--warmup must be shorter than the run (--minutes)")
     return asyncio.run(run(args))

@@ -157,7 +157,10 @@ class TesseraProcesses:
         state, the kubelet plugin's sockets and checkpoint, and CDI specs."""
         return self.folder / "nodes" / node
 
-    def agent(self, node: str, simulate: str, extra: list[str] | None = None) -> TesseraProcess:
+    def agent(self, node: str, simulate: str, extra: list[str] | None = None,
+              env: dict[str, str] | None = None, module: str = "tessera") -> TesseraProcess:
+        """A node's agent as a process of this machine; ``env`` and ``module`` as for
+        ``operator`` (a benchmark's memory witness, an allocator setting to compare)."""
         root = self.node_folder(node)
         return self._start(
             f"agent-{node}",
@@ -168,6 +171,7 @@ class TesseraProcesses:
              "--cdi-dir", str(root / "cdi"),
              "--mps-root", str(root / "mps"),
              *(extra or [])],
+            env=env, module=module,
         )
 
     def agent_on(self, node: RealNode, simulate: str, extra: list[str] | None = None) -> TesseraProcess:
