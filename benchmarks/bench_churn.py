@@ -245,12 +245,15 @@ async def run(args: argparse.Namespace) -> int:
                     print(verdict(who, points))
             return 0
         finally:
-            if fleet is not None:
-                await fleet.stop()
+            if args.keep:  # first: what follows may fail (the apiserver may be down this very moment)
+                keep_files(Path(folder), Path(args.keep))
+            try:
+                if fleet is not None:
+                    await fleet.stop()
+            except Exception as exc:  # an in-process agent's last request met a killed apiserver
+                print(f"(the in-process fleet stopped with an error: {exc!r})")
             await api.close()
             processes.stop_all()
-            if args.keep:
-                keep_files(Path(folder), Path(args.keep))
 
 
 def main() -> int:
