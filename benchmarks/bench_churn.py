@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import sys
 import tempfile
 import time
@@ -165,8 +166,9 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
         if not sep or not key:
             raise argparse.ArgumentTypeError(f"--variant {text!r}: write NAME or NAME:ENV=VALUE[,ENV=VALUE]")
         env[key] = value
-    if not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"--variant {text!r}: the name must be a word (letters, digits, _)")
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", name):  # it names a Node: agent-<name>
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: the name must be lower-case letters, digits "
+                                         "and '-' (it becomes a Node's name), e.g. arena2")
     return name, env
 
 
