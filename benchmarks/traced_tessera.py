@@ -10,7 +10,8 @@ Every ``TESSERA_TRACE_EVERY`` seconds (default 30) one JSON line goes to ``TESSE
 (``sys._debugmallocstats``), glibc's ``mallinfo2`` (bytes in use, bytes free inside the heaps,
 mmapped bytes) and ``malloc_info``'s heap (arena) count and sizes, the largest anonymous mappings,
 and, with ``TESSERA_TRACE_PYTHON=1``, tracemalloc's traced total and the ten source lines whose
-allocations grew most since the first line. ``TESSERA_TRACE_TRIM=<s>`` calls ``malloc_trim(0)``
+allocations grew most since the first line; with ``TESSERA_TRACE_TYPES=1``, the object types whose
+count grew most since the first line. ``TESSERA_TRACE_TRIM=<s>`` calls ``malloc_trim(0)``
 every so many seconds, to see how much of the growth glibc would give back.
 Run from the repository root (``benchmarks`` is found from the working directory); the churn
 benchmark starts one agent through it for each ``--variant``.
@@ -19,8 +20,10 @@ Not for: production (tracemalloc slows every allocation), or other C libraries t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
+import gc
 import json
 import os
 import re
@@ -131,7 +134,14 @@ def _anonymous_mappings(top: int = 12) -> list[str]:
     return [text for _, text in sorted(found, reverse=True)[:top]]
 
 
-def _sample(libc: ctypes.CDLL | None, first: tracemalloc.Snapshot | None, started: float) -> dict[str, Any]:
+def _census() -> collections.Counter[str]:
+    """How many objects the garbage collector tracks, by type (containers and instances;
+    strings, numbers and bytes are not tracked: tracemalloc sees those)."""
+    return collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+
+
+def _sample(libc: ctypes.CDLL | None, first: tracemalloc.Snapshot | None, started: float,
+            census: collections.Counter[str] | None = None) -> dict[str, Any]:
     line: dict[str, Any] = {"t": round(time.monotonic() - started, 1), **_status(),
                             "py_blocks": sys.getallocatedblocks(), **_pymalloc_stats(),
                             "anon": _anonymous_mappings()}
@@ -141,6 +151,11 @@ def _sample(libc: ctypes.CDLL | None, first: tracemalloc.Snapshot | None, starte
                     malloc_free_kib=info.fordblks // 1024, malloc_mmapped_kib=info.hblkhd // 1024)
         heaps = [(int(nr), int(size) // 1024) for nr, size in _HEAP.findall(_malloc_info(libc))]
         line.update(arenas=len(heaps), arena_kib=[size for _, size in heaps])
+    if census is not None:
+        now = _census()
+        grown = sorted(((now[k] - census.get(k, 0), k) for k in now), reverse=True)[:10]
+        line["objects"] = sum(now.values())
+        line["types_grown"] = [f"{name} {count:+d}" for count, name in grown if count > 0]
     if tracemalloc.is_tracing():
         line["traced_kib"] = tracemalloc.get_traced_memory()[0] // 1024
         if first is not None:
@@ -154,6 +169,7 @@ def _witness(out: IO[str], every: float, trim_every: float) -> None:
     libc = _libc()
     started = time.monotonic()
     first = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
+    census = _census() if os.environ.get("TESSERA_TRACE_TYPES") == "1" else None
     next_trim = started + trim_every if trim_every > 0 else float("inf")
     while True:
         time.sleep(every)
@@ -161,7 +177,7 @@ def _witness(out: IO[str], every: float, trim_every: float) -> None:
             libc.malloc_trim(0)
             next_trim = time.monotonic() + trim_every
         with contextlib.suppress(Exception):  # a witness must never take the process down
-            out.write(json.dumps(_sample(libc, first, started)) + "\n")
+            out.write(json.dumps(_sample(libc, first, started, census)) + "\n")
             out.flush()
 
 
