@@ -216,7 +216,8 @@ async def run(args: argparse.Namespace) -> int:
                     next_kill = time.monotonic() + args.kill_every
                 if now >= next_sample:
                     for who, process in sampled_processes.items():
-                        samples[who].append((now - start, rss(process)))
+                        if process.alive():  # a dead one keeps the samples it had
+                            samples[who].append((now - start, rss(process)))
                     next_sample += args.sample_every
                 if now >= next_progress:
                     print(f"[{(now - start) / 60:.0f} min] " + ", ".join(
@@ -226,9 +227,8 @@ async def run(args: argparse.Namespace) -> int:
                 await churn.step(victim)
                 await asyncio.sleep(churn.rng.uniform(0.2, 1.0))
             dead = [who for who, process in sampled_processes.items() if not process.alive()]
-            if dead:
-                print(f"a sampled process died: {', '.join(dead)}")
-                return 1
+            for who in dead:
+                print(f"DIED {who}: its log's last lines:\n{sampled_processes[who].tail(15)}")
             print("actions: " + ", ".join(f"{k} {v}" for k, v in sorted(churn.counts.items()))
                   + f"; {churn.failed} refused (apiserver down); fleet passes failed {fleet.failed_passes}")
             for who, points in samples.items():
@@ -243,9 +243,11 @@ async def run(args: argparse.Namespace) -> int:
                       f"from {(t1 - t0) / 60:.1f} min")
             print(json.dumps({who: [(round(t), v // 1024) for t, v in pts] for who, pts in samples.items()}))
             for who, points in samples.items():
-                if len(points) >= 2:
+                if who in dead:
+                    print(f"VERDICT {who}: died during the run; FAIL")
+                elif len(points) >= 2:
                     print(verdict(who, points))
-            return 0
+            return 1 if dead else 0
         finally:
             if args.keep:  # first: what follows may fail (the apiserver may be down this very moment)
                 keep_files(Path(folder), Path(args.keep))
