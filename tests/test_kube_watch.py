@@ -56,11 +56,11 @@ class ScriptedApi:
             raise error
 
 
-async def run_until(watch: ListWatch, api: ScriptedApi, watches: int) -> None:
+async def run_until(watch: ListWatch, api: ScriptedApi, watches: int, timeout: float = 5) -> None:
     """Run the loop until it has played every script and sits in a quiet watch (so every event
     before it was passed on), having started at least ``watches`` watches."""
     watch.start()
-    await asyncio.wait_for(api.quiet.wait(), timeout=5)
+    await asyncio.wait_for(api.quiet.wait(), timeout=timeout)
     assert len(api.watched_from) >= watches
     await watch.stop()
 
@@ -204,14 +204,14 @@ async def test_a_watch_that_hears_nothing_for_its_idle_bound_is_reopened_where_i
 
 
 async def test_a_watch_that_hears_more_often_than_its_bound_is_left_open() -> None:
-    events = [("BOOKMARK" if n % 2 else "MODIFIED", obj("a", 11 + n)) for n in range(12)]
-    api = DribblingApi(events, gap=0.05)  # 0.6 s in all, never 0.3 s without a word
+    events = [("BOOKMARK" if n % 2 else "MODIFIED", obj("a", 11 + n)) for n in range(6)]
+    api = DribblingApi(events, gap=0.3)  # 1.8 s in all, never 1 s without a word (margin for a loaded machine)
     watch = ListWatch(cast(KubeClient, api), "example.dev", "v1", "widgets", lambda kind, body: None,
-                      idle_timeout=0.3)
+                      idle_timeout=1.0)
 
-    await run_until(watch, api, watches=3)
+    await run_until(watch, api, watches=3, timeout=15)
 
-    assert api.watched_from[:2] == ["10", "22"], "the first watch lasted until its last event, then went silent"
+    assert api.watched_from[:2] == ["10", "16"], "the first watch lasted until its last event, then went silent"
     assert watch.silences >= 2
 
 
