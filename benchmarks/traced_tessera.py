@@ -11,7 +11,7 @@ Every ``TESSERA_TRACE_EVERY`` seconds (default 30) one JSON line goes to ``TESSE
 mmapped bytes) and ``malloc_info``'s heap (arena) count and sizes, the largest anonymous mappings,
 and, with ``TESSERA_TRACE_PYTHON=1``, tracemalloc's traced total and the ten source lines whose
 allocations grew most since the first line; with ``TESSERA_TRACE_TYPES=1``, the object types whose
-count grew most since the first line. ``TESSERA_TRACE_TRIM=<s>`` calls ``malloc_trim(0)``
+count grew most since the first line (so not start-up's imports). ``TESSERA_TRACE_TRIM=<s>`` calls ``malloc_trim(0)``
 every so many seconds, to see how much of the growth glibc would give back.
 Run from the repository root (``benchmarks`` is found from the working directory); the churn
 benchmark starts one agent through it for each ``--variant``.
@@ -169,13 +169,16 @@ def _witness(out: IO[str], every: float, trim_every: float) -> None:
     libc = _libc()
     started = time.monotonic()
     first = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
-    census = _census() if os.environ.get("TESSERA_TRACE_TYPES") == "1" else None
+    counting = os.environ.get("TESSERA_TRACE_TYPES") == "1"
+    census: collections.Counter[str] | None = None
     next_trim = started + trim_every if trim_every > 0 else float("inf")
     while True:
         time.sleep(every)
         if libc is not None and time.monotonic() >= next_trim:
             libc.malloc_trim(0)
             next_trim = time.monotonic() + trim_every
+        if counting and census is None:
+            census = _census()  # the baseline: at the first line, after start-up's imports
         with contextlib.suppress(Exception):  # a witness must never take the process down
             out.write(json.dumps(_sample(libc, first, started, census)) + "\n")
             out.flush()
