@@ -29,6 +29,7 @@ import os
 import re
 import runpy
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
@@ -80,8 +81,6 @@ def _pymalloc_stats() -> dict[str, int]:
     """Python's small-object allocator (pymalloc), which takes its 1 MiB arenas from mmap, past
     glibc's malloc: what ``sys._debugmallocstats`` writes to fd 2, caught in a file for a moment
     (another thread's write to stderr in that moment lands in the file too: a witness's price)."""
-    import tempfile
-
     with tempfile.TemporaryFile() as caught:
         sys.stderr.flush()
         saved = os.dup(2)
