@@ -16,7 +16,11 @@ read every ``--sample-every`` s, and a progress line printed every five minutes 
 still says what it saw). Printed at the end: the first and last sample, the growth, a
 least-squares slope, and one ``VERDICT`` line per process: growth per hour from the first to the
 last sample after the warm-up (the figure the bar is about) and the slope per hour beside it,
-PASS below 5%/h. Under an hour either is an extrapolation, and says so.
+PASS below 5%/h. Under an hour either is an extrapolation, and says so. Then whether any watch
+was left stuck: one last policy edit, and how long until every sampled agent's NodeLayout has
+the new spec from the operator and the agent's status reports it (``SETTLED`` in seconds, well
+under the agents' 30 s resync when both watches deliver; ``STUCK`` after 120 s), and how many
+times each process reopened a watch that had been silent for the idle bound.
 
 Each ``--variant`` adds one more sampled agent on a node of its own, started through
 ``traced_tessera`` (which writes its malloc arenas, thread count and RSS to ``<name>.trace`` in
@@ -47,6 +51,7 @@ from benchmarks.bench_operator import LABEL, AgentFleet, node_list, proc_status 
 
 from tessera import RESOURCE_API_VERSION  # noqa: E402 (after the path above)
 from tessera.kube.http import ApiError, KubeClient, resource_path  # noqa: E402
+from tessera.kube.nodelayouts import get_node_layout  # noqa: E402
 from tessera.localcluster import LocalCluster  # noqa: E402
 from tessera.localcluster.cluster import wait_for  # noqa: E402
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses  # noqa: E402
@@ -86,9 +91,9 @@ class Churn:
     def count(self, action: str) -> None:
         self.counts[action] = self.counts.get(action, 0) + 1
 
-    async def edit_policy(self) -> None:
+    async def edit_policy(self, spec: dict[str, Any] | None = None) -> None:
         body = {"apiVersion": "tessera.dev/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": POLICY},
-                "spec": {"nodeSelector": {"matchLabels": {LABEL: "fleet"}}, **policy_spec(self.rng)}}
+                "spec": {"nodeSelector": {"matchLabels": {LABEL: "fleet"}}, **(spec or policy_spec(self.rng))}}
         await self.api.patch(resource_path("tessera.dev", "v1alpha1", "sharingpolicies", POLICY), body, "apply",
                              field_manager="bench-churn", force=True)
         self.count("edit-policy")
@@ -129,6 +134,39 @@ class Churn:
                 await self.claim()
         except Exception:  # the apiserver may be coming back; the churn goes on
             self.failed += 1
+
+
+FINAL_SPEC = {"strategy": "TimeSlicing", "timeSlicing": {"replicas": 8}}  # one the churn never writes
+
+
+async def settle(api: KubeClient, churn: Churn, nodes: list[str], timeout: float = 120.0) -> float | None:
+    """After the churn, one last policy edit: seconds until the operator has written a new spec
+    into each of ``nodes``' NodeLayouts and each node's agent has reported it (observedGeneration);
+    None if that takes longer than ``timeout``. Well under the agents' 30 s resync, it shows that
+    the operator's and the agents' watches were all still delivering after the churn."""
+
+    async def generations(node: str) -> tuple[int, int]:
+        layout = await get_node_layout(api, node) or {}
+        status = layout.get("status") or {}
+        return int((layout.get("metadata") or {}).get("generation") or 0), int(status.get("observedGeneration") or -1)
+
+    before = {node: (await generations(node))[0] for node in nodes}
+    await churn.edit_policy(FINAL_SPEC)
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        now = {node: await generations(node) for node in nodes}
+        if all(spec > before[node] and seen == spec for node, (spec, seen) in now.items()):
+            return time.monotonic() - start
+        await asyncio.sleep(0.5)
+    return None
+
+
+def watch_silences(process: TesseraProcess) -> int:
+    """How many times the process reopened a watch that had heard nothing for the idle bound."""
+    try:
+        return process.log.read_text(errors="replace").count("watch silent; reopening")
+    except OSError:
+        return 0
 
 
 def rss(process: TesseraProcess) -> int:
@@ -229,6 +267,13 @@ async def run(args: argparse.Namespace) -> int:
             dead = [who for who, process in sampled_processes.items() if not process.alive()]
             for who in dead:
                 print(f"DIED {who}: its log's last lines:\n{sampled_processes[who].tail(15)}")
+            nodes = {"agent": sampled, **{f"agent-{name}": f"agent-{name}" for name in variants}}  # who -> node
+            settled = await settle(api, churn, [node for who, node in nodes.items() if who not in dead])
+            print(f"SETTLED: the last policy edit reached every sampled agent's NodeLayout and its status in "
+                  f"{settled:.1f} s" if settled is not None else "STUCK: the last policy edit did not reach every "
+                  "sampled agent's NodeLayout status in 120 s")
+            print("watch silences (a watch reopened after 90 s without a word): " + ", ".join(
+                f"{who} {watch_silences(process)}" for who, process in sampled_processes.items()))
             print("actions: " + ", ".join(f"{k} {v}" for k, v in sorted(churn.counts.items()))
                   + f"; {churn.failed} refused (apiserver down); fleet passes failed {fleet.failed_passes}")
             for who, points in samples.items():
@@ -247,7 +292,7 @@ async def run(args: argparse.Namespace) -> int:
                     print(f"VERDICT {who}: died during the run; FAIL")
                 elif len(points) >= 2:
                     print(verdict(who, points))
-            return 1 if dead else 0
+            return 1 if dead or settled is None else 0
         finally:
             if args.keep:  # first: what follows may fail (the apiserver may be down this very moment)
                 keep_files(Path(folder), Path(args.keep))
