@@ -21,9 +21,11 @@ is nothing on a healthy watch (no extra request: the bound only re-arms a timer 
 bound was tried and dropped (2b68a97): that short, it had to be met by reopening every watch every
 15 s whether or not it was healthy, one request per watch per 15 s across a fleet of agents, and
 bought nothing after an apiserver kill (a killed apiserver closes its sockets; the watch sees that
-at once). The bound is for the case a kill does not show: the silent peer. Kopf's watches of the
-operator get the same bound (``settings.watching.inactivity_timeout``, in
-``tessera.controller.handlers``).
+at once). The bound is for the case a kill does not show: the silent peer. Its price in that rare
+case: the apiserver keeps a watch's past events for at least 75 s, so a watch reopened 90 s after
+its last word may find its resourceVersion gone (410 Gone) and list again, which is handled. Kopf's
+watches of the operator get the same bound (``settings.watching.inactivity_timeout``, whose own
+default is 70 s, in ``tessera.controller.handlers``): one bound, one override, for every watch.
 
 What it keeps of each object is its resourceVersion and its stub as compact JSON (a stub held
 as dicts costs about five times as much; an operator at thousands of nodes keeps one for every
