@@ -24,9 +24,10 @@ times each process reopened a watch that had been silent for the idle bound.
 
 Each ``--variant`` adds one more sampled agent on a node of its own, started through
 ``traced_tessera`` (which writes its malloc arenas, thread count and RSS to ``<name>.trace`` in
-the run's folder, kept with ``--keep``) with the given environment, e.g. ``arena2:MALLOC_ARENA_MAX=2``
-or ``plain:`` (the default allocator, with the witness): an allocator setting compared against the
-same churn, side by side.
+the run's folder, kept with ``--keep``) with the given environment added to the agent's own
+(``AGENT_ENVIRONMENT``), ``-ENV`` unsetting one of those: e.g. ``arena2:MALLOC_ARENA_MAX=2``,
+``plain:`` (as the product, with the witness) or ``dynamic:-MALLOC_MMAP_THRESHOLD_`` (glibc's
+default, moving mmap threshold): an allocator setting compared against the same churn, side by side.
 Not for: invariants under faults (``fault_campaign.py``) or rollout speed (``bench_operator.py``).
 """
 
@@ -196,13 +197,17 @@ def keep_files(folder: Path, kept: Path) -> None:
         (kept / path.name).write_bytes(path.read_bytes())
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+def parse_variant(text: str) -> tuple[str, dict[str, str | None]]:
+    """NAME[:ENV=VALUE,-ENV,...]: ``-ENV`` unsets what the agent's launch would set."""
     name, _, assignments = text.partition(":")
-    env = {}
+    env: dict[str, str | None] = {}
     for assignment in filter(None, assignments.split(",")):
+        if assignment.startswith("-") and len(assignment) > 1 and "=" not in assignment:
+            env[assignment[1:]] = None
+            continue
         key, sep, value = assignment.partition("=")
         if not sep or not key:
-            raise argparse.ArgumentTypeError(f"--variant {text!r}: write NAME or NAME:ENV=VALUE[,ENV=VALUE]")
+            raise argparse.ArgumentTypeError(f"--variant {text!r}: write NAME or NAME:ENV=VALUE[,-ENV,...]")
         env[key] = value
     if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", name):  # it names a Node: agent-<name>
         raise argparse.ArgumentTypeError(f"--variant {text!r}: the name must be lower-case letters, digits "
