@@ -5,6 +5,7 @@ read again). What the client does against a real apiserver is
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from tessera.kube import http as kube_http
-from tessera.kube.http import ApiError, Credentials, KubeClient, load_kubeconfig, resource_path
+from tessera.kube.http import ApiError, ConnectionLostError, Credentials, KubeClient, load_kubeconfig, resource_path
 
 
 def test_paths_of_core_and_group_resources_objects_and_subresources() -> None:
@@ -118,3 +119,26 @@ def test_secrets_stay_out_of_reprs() -> None:
     for text in (repr(credentials), repr(KubeClient(Credentials(server="http://k", token="s3cret-token")))):
         assert "s3cret-token" not in text
         assert "PRIVATE" not in text
+
+
+@pytest.mark.parametrize("answer", [
+    b"",  # closed after reading the request: aiohttp's ServerDisconnectedError
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"kind\":",  # cut short
+])
+async def test_a_connection_that_breaks_mid_call_raises_an_os_error(answer: bytes) -> None:
+    async def half_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(half_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with KubeClient(Credentials(server=f"http://127.0.0.1:{port}")) as client:
+            with pytest.raises(ConnectionLostError, match="GET /api/v1/namespaces/x: the connection broke") as caught:
+                await client.get("/api/v1/namespaces/x")
+        assert isinstance(caught.value, OSError), "callers that retry on I/O errors retry on this one"
+    finally:
+        server.close()
+        await server.wait_closed()

@@ -7,8 +7,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
+import pytest
+
 from tessera.kube.http import ApiError, KubeClient
-from tessera.kube.watch import ListWatch
+from tessera.kube.watch import WATCH_IDLE_TIMEOUT_S, ListWatch, idle_timeout_from_environment
 
 
 def obj(name: str, version: int, **spec: Any) -> dict[str, Any]:
@@ -54,11 +56,11 @@ class ScriptedApi:
             raise error
 
 
-async def run_until(watch: ListWatch, api: ScriptedApi, watches: int) -> None:
+async def run_until(watch: ListWatch, api: ScriptedApi, watches: int, timeout: float = 5) -> None:
     """Run the loop until it has played every script and sits in a quiet watch (so every event
     before it was passed on), having started at least ``watches`` watches."""
     watch.start()
-    await asyncio.wait_for(api.quiet.wait(), timeout=5)
+    await asyncio.wait_for(api.quiet.wait(), timeout=timeout)
     assert len(api.watched_from) >= watches
     await watch.stop()
 
@@ -164,3 +166,62 @@ async def test_stop_ends_a_watch_that_is_waiting_for_events() -> None:
     await asyncio.wait_for(watch.listed.wait(), 1)
     await asyncio.wait_for(watch.stop(), 1)
     assert watch._task is None
+
+
+class DribblingApi(ScriptedApi):
+    """Its first watch passes on ``events`` one every ``gap`` seconds, then falls silent (as a
+    half-open connection does: nothing arrives, nothing ends); every later watch is quiet."""
+
+    def __init__(self, events: list[tuple[str, dict[str, Any]]], gap: float) -> None:
+        super().__init__([obj("a", 1)], version=10)
+        self.events = events
+        self.gap = gap
+
+    async def watch(self, path: str, *, resource_version: str | None = None,
+                    **_: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        self.watched_from.append(resource_version)
+        if len(self.watched_from) == 1:
+            for event in self.events:
+                await asyncio.sleep(self.gap)
+                yield event
+        if len(self.watched_from) >= 3:
+            self.quiet.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_watch_that_hears_nothing_for_its_idle_bound_is_reopened_where_it_was() -> None:
+    api = DribblingApi([("MODIFIED", obj("a", 11)), ("BOOKMARK", obj("", 12))], gap=0.01)
+    seen: list[tuple[str, str]] = []
+    watch = ListWatch(cast(KubeClient, api), "example.dev", "v1", "widgets",
+                      lambda kind, body: seen.append((kind, body["metadata"]["name"])), idle_timeout=0.2)
+
+    await run_until(watch, api, watches=3)
+
+    assert api.watched_from[:3] == ["10", "12", "12"], "reopened from the last version heard (a bookmark's)"
+    assert watch.silences >= 2
+    assert api.lists == 1, "a silent watch is reopened, not listed again"
+    assert seen == [("ADDED", "a"), ("MODIFIED", "a")]
+
+
+async def test_a_watch_that_hears_more_often_than_its_bound_is_left_open() -> None:
+    events = [("BOOKMARK" if n % 2 else "MODIFIED", obj("a", 11 + n)) for n in range(6)]
+    api = DribblingApi(events, gap=0.3)  # 1.8 s in all, never 1 s without a word (margin for a loaded machine)
+    watch = ListWatch(cast(KubeClient, api), "example.dev", "v1", "widgets", lambda kind, body: None,
+                      idle_timeout=1.0)
+
+    await run_until(watch, api, watches=3, timeout=15)
+
+    assert api.watched_from[:2] == ["10", "16"], "the first watch lasted until its last event, then went silent"
+    assert watch.silences >= 2
+
+
+def test_the_idle_bound_is_90_s_unless_the_environment_says_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TESSERA_IDLE_TIMEOUT", raising=False)
+    assert idle_timeout_from_environment() == WATCH_IDLE_TIMEOUT_S == 90
+    monkeypatch.setenv("TESSERA_IDLE_TIMEOUT", "12.5")
+    assert idle_timeout_from_environment() == 12.5
+    assert ListWatch(cast(KubeClient, None), "", "v1", "pods", lambda kind, body: None).idle_timeout == 12.5
+    for bad in ("soon", "0", "-3", "nan"):
+        monkeypatch.setenv("TESSERA_IDLE_TIMEOUT", bad)
+        with pytest.raises(ValueError, match=f"TESSERA_IDLE_TIMEOUT='{bad}'.*above 0"):
+            idle_timeout_from_environment()

@@ -22,6 +22,7 @@ from tessera import INSTALL_NAMESPACE
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_REGISTRY_DIR, PluginConfig
 from tessera.dra.nics import NIC_DRIVER
+from tessera.localcluster.processes import AGENT_ENVIRONMENT
 from tessera.manifests import (
     HAND_WRITTEN_PARTS,
     IMAGE_REPOSITORY,
@@ -473,3 +474,15 @@ def test_e2e_script_is_executable_and_uses_the_manifests_switch() -> None:
     images = {node["image"] for node in kind["nodes"]}
     assert len(images) == 1
     assert next(iter(images)).startswith("kindest/node:v1.36.")
+
+
+def test_the_agent_runs_with_the_same_allocator_settings_everywhere() -> None:
+    """The DaemonSet (manifests and chart) and the local cluster's agent processes set the same
+    environment beyond the flags: glibc's fixed mmap threshold (processes.AGENT_ENVIRONMENT says why)."""
+    (container,) = agent_pod()["containers"]
+    env = env_of(container)
+    chart = (ROOT / "charts" / "tessera" / "templates" / "agent.yaml").read_text()
+    assert AGENT_ENVIRONMENT == {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    for name, value in AGENT_ENVIRONMENT.items():
+        assert env[name] == value
+        assert f'- {{name: {name}, value: "{value}"}}' in chart

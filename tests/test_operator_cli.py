@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -69,3 +72,16 @@ def test_a_renew_deadline_not_below_the_lease_duration_is_refused_naming_the_fla
     args = parse("--lease-duration", "10", "--renew-deadline", "10")
     with pytest.raises(SystemExit, match=r"--lease-duration, --renew-deadline.*renew deadline \(10.0\)"):
         run(args)
+
+
+@pytest.mark.parametrize("argv", [
+    ("operator", "--kubeconfig", "/nonexistent"),
+    ("agent", "--node-name", "n", "--backend", "simulated", "--simulate", "1xH100-80GB",
+     "--kubeconfig", "/nonexistent"),
+])
+def test_a_bad_watch_idle_bound_stops_the_operator_and_the_agent_before_they_start(argv: tuple[str, ...]) -> None:
+    done = subprocess.run([sys.executable, "-m", "tessera", *argv], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TESSERA_IDLE_TIMEOUT": "soon"}, check=False)
+    assert done.returncode != 0
+    assert "TESSERA_IDLE_TIMEOUT='soon'" in done.stdout + done.stderr
+    assert "a number above 0" in done.stdout + done.stderr

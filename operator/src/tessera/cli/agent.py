@@ -31,6 +31,7 @@ from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, PluginConfig, serve_plugin
 from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.kube.http import KubeClient
+from tessera.kube.watch import idle_timeout_from_environment
 from tessera.log import configure_logging
 from tessera.models.nics import LinkState, NicStatus
 
@@ -325,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("no node name: pass --node-name or set TESSERA_NODE_NAME (in a pod: the downward API spec.nodeName)")
         return 2
     try:
+        idle_timeout_from_environment()  # read again by each watch: a bad value stops the agent here
         backend = make_backend(args)
     except (ValueError, BackendError) as e:
         log.error("bad agent settings", error=str(e))

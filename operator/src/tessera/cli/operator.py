@@ -18,6 +18,7 @@ from prometheus_client import start_http_server
 
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS
 from tessera.kube.lease import LeaseTiming
+from tessera.kube.watch import idle_timeout_from_environment
 from tessera.log import configure_logging
 
 N = TypeVar("N", int, float)
@@ -86,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         LeaseTiming(args.lease_duration, args.renew_deadline, args.retry_period)
     except ValueError as exc:
         raise SystemExit(f"tessera operator: --lease-duration, --renew-deadline, --retry-period: {exc}") from None
+    try:
+        idle_timeout_from_environment()  # read again by each watch: a bad value stops the operator here
+    except ValueError as exc:
+        raise SystemExit(f"tessera operator: {exc}") from None
     configure_logging(args.log_level, json=True if args.log_json else None)
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig

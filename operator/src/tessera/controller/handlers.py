@@ -26,6 +26,7 @@ from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, 
 from tessera.kube.http import RETRY_BACKOFF
 from tessera.kube.lease import LeaseTiming
 from tessera.kube.objects import CLAIMS, POLICIES, Api
+from tessera.kube.watch import idle_timeout_from_environment
 
 registry = kopf.OperatorRegistry()
 
@@ -82,8 +83,14 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.posting.enabled = False  # our own events say what matters, and only the leader posts them
     settings.posting.level = logging.WARNING
     settings.peering.standalone = True  # Kopf's peering is not leader election: the Lease decides
+    # Kopf's watches get the ListWatch's idle bound (tessera.kube.watch says why 90 s): a watch
+    # that hears not even a bookmark for that long is reopened, not left half-open until the
+    # client timeout (330 s: the server's 300 s and 30 s for it to say so) runs out. Connecting
+    # may take 30 s at most, as for the ListWatch.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.watching.inactivity_timeout = idle_timeout_from_environment()
     settings.networking.error_backoffs = list(RETRY_BACKOFF)  # Tessera's one retry schedule
     leadership = _leadership(memo)
     ready_port = int(os.environ.get("TESSERA_READY_PORT", "0"))

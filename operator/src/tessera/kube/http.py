@@ -5,7 +5,11 @@ page, or one with ``list_page``; label and field selectors), create, replace, pa
 merge, JSON patch, server-side apply with a field manager), delete, and watch (newline-delimited
 JSON events; bookmarks are not passed on; a 410 Gone starts the watch again from the current
 state). Any answer outside 2xx raises ``ApiError`` with the
-apiserver's Status. Credentials come from a kubeconfig (server, CA, client certificate and
+apiserver's Status; a connection that breaks in the middle of a call (the apiserver killed or
+restarted while it answered) raises ``ConnectionLostError``, an ``OSError`` like a refused connection,
+so that a caller that retries on I/O errors retries on it too (aiohttp's own exceptions for it
+are not OSErrors: an agent pass that caught only OSError died of one in a long run).
+Credentials come from a kubeconfig (server, CA, client certificate and
 key, bearer token or token file, or an ``exec`` credential plugin: ``tessera.kube.execauth``,
 run again before its token expires and after a 401) or from the in-cluster service account,
 whose token file is read again when the kubelet rotates it. Kubeconfig users Tessera does not
@@ -74,6 +78,11 @@ PATCH_CONTENT_TYPES: dict[str, str] = {
     "json": "application/json-patch+json",
     "apply": "application/apply-patch+yaml",  # JSON is YAML, so the body goes as JSON
 }
+
+
+class ConnectionLostError(ConnectionError):
+    """The connection broke before the whole answer came: the server went away mid-call. Whether
+    the call took effect is unknown; like any I/O error, worth another try after a backoff."""
 
 
 class ApiError(Exception):
@@ -386,6 +395,9 @@ class KubeClient:
             refused = _refused_by_fence(exc)  # aiohttp wraps what the body writer raised
             if refused is not None:
                 raise refused from exc
+            if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
+                raise ConnectionLostError(f"{method} {path}: the connection broke before the whole answer came "
+                                     f"({exc})") from exc
             raise
         answer: dict[str, Any] = json.loads(data) if data else {}
         return answer

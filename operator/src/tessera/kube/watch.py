@@ -9,6 +9,24 @@ resourceVersion seen (bookmarks included); one that fell too far behind (410 Gon
 replaced by a fresh list, so no deletion is missed; any other error is retried after a
 backoff. ``stop()`` ends it.
 
+A watch that hears nothing — no event and no bookmark — for ``WATCH_IDLE_TIMEOUT_S`` (90 s;
+``TESSERA_IDLE_TIMEOUT`` overrides it) raises ``WatchSilentError`` inside the loop, which closes
+the connection and reopens the watch from the last resourceVersion. Why 90 s: the watch asks for
+bookmarks, and the apiserver's watch cache sends every watcher one about once a minute even when
+nothing changes, so a healthy watch is never silent that long; a silent one is a connection that
+died without a FIN or RST (a node or NAT that lost its state, an apiserver frozen or partitioned
+away: the TCP connection stays half-open), which without the bound is noticed only when the read
+timeout (the server's 300 s plus 30 s) runs out: five and a half minutes of a stale view. The cost
+is nothing on a healthy watch (no extra request: the bound only re-arms a timer per event). A 15 s
+bound was tried and dropped (2b68a97): that short, it had to be met by reopening every watch every
+15 s whether or not it was healthy, one request per watch per 15 s across a fleet of agents, and
+bought nothing after an apiserver kill (a killed apiserver closes its sockets; the watch sees that
+at once). The bound is for the case a kill does not show: the silent peer. Its price in that rare
+case: the apiserver keeps a watch's past events for at least 75 s, so a watch reopened 90 s after
+its last word may find its resourceVersion gone (410 Gone) and list again, which is handled. Kopf's
+watches of the operator get the same bound (``settings.watching.inactivity_timeout``, whose own
+default is 70 s, in ``tessera.controller.handlers``): one bound, one override, for every watch.
+
 What it keeps of each object is its resourceVersion and its stub as compact JSON (a stub held
 as dicts costs about five times as much; an operator at thousands of nodes keeps one for every
 Node, NodeLayout and slice), unpacked only to announce a deletion a relist found.
@@ -21,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +49,33 @@ import structlog
 from tessera.kube.http import RETRY_BACKOFF, ApiError, KubeClient, resource_path, retry_delay
 
 log = structlog.get_logger("tessera.kube.watch")
+
+WATCH_IDLE_TIMEOUT_S = 90.0  # see the module head: above the apiserver's ~60 s bookmarks, far below 330 s
+
+
+def idle_timeout_from_environment() -> float:
+    """``TESSERA_IDLE_TIMEOUT`` in seconds, or ``WATCH_IDLE_TIMEOUT_S``; a bad value is refused."""
+    text = os.environ.get("TESSERA_IDLE_TIMEOUT")
+    if text is None or not text.strip():
+        return WATCH_IDLE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"TESSERA_IDLE_TIMEOUT={text!r}: write how many seconds a watch may hear nothing "
+                         f"before it is reopened, a number above 0 (default {WATCH_IDLE_TIMEOUT_S:g})")
+    return value
+
+
+class WatchSilentError(Exception):
+    """A watch heard neither an event nor a bookmark for its idle bound: its connection is
+    taken for dead (half-open) and the watch reopened."""
+
+    def __init__(self, path: str, idle_timeout: float) -> None:
+        super().__init__(f"the watch of {path} heard nothing (not even a bookmark) for {idle_timeout:g} s")
+        self.path = path
+        self.idle_timeout = idle_timeout
 
 OnEvent = Callable[[str, dict[str, Any]], None]  # (ADDED | MODIFIED | DELETED, object)
 Stub = Callable[[Mapping[str, Any]], dict[str, Any] | None]  # None: not kept (its deletion is not told)
@@ -78,7 +124,8 @@ class ListWatch:
     def __init__(self, client: KubeClient, group: str, version: str, plural: str, on_event: OnEvent, *,
                  label_selector: str | None = None, field_selector: str | None = None,
                  stub: Stub = metadata_stub, timeout_seconds: int = 300,
-                 backoff: Sequence[float] = RETRY_BACKOFF, page_size: int = 500) -> None:
+                 backoff: Sequence[float] = RETRY_BACKOFF, page_size: int = 500,
+                 idle_timeout: float | None = None) -> None:
         self.client = client
         self.path = resource_path(group, version, plural)
         self.api_version = f"{group}/{version}" if group else version
@@ -89,6 +136,8 @@ class ListWatch:
         self.timeout_seconds = timeout_seconds
         self.backoff = tuple(backoff)
         self.page_size = page_size
+        self.idle_timeout = idle_timeout_from_environment() if idle_timeout is None else idle_timeout
+        self.silences = 0  # how many times a watch was reopened because it heard nothing
         self.known: dict[str, Seen] = {}  # namespace/name -> the object as last seen
         self.lists = 0  # how many times it listed (the first, then one per 410 Gone)
         self.listed = asyncio.Event()  # set once the first list has been passed on
@@ -118,17 +167,29 @@ class ListWatch:
             try:
                 if version is None:
                     version = await self._relist()
-                async for kind, body in self.client.watch(
-                    self.path, resource_version=version, label_selector=self.label_selector,
-                    field_selector=self.field_selector, timeout_seconds=self.timeout_seconds, bookmarks=True,
-                    restart_expired=False,
-                ):
-                    failures = 0
-                    if kind != "BOOKMARK":
-                        self._deliver(kind, body)
-                    version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+                loop = asyncio.get_running_loop()
+                idle = asyncio.timeout(self.idle_timeout)
+                try:
+                    async with idle:
+                        async for kind, body in self.client.watch(
+                            self.path, resource_version=version, label_selector=self.label_selector,
+                            field_selector=self.field_selector, timeout_seconds=self.timeout_seconds,
+                            bookmarks=True, restart_expired=False,
+                        ):
+                            idle.reschedule(loop.time() + self.idle_timeout)
+                            failures = 0
+                            if kind != "BOOKMARK":
+                                self._deliver(kind, body)
+                            version = str((body.get("metadata") or {}).get("resourceVersion") or version)
+                except TimeoutError:
+                    if not idle.expired():  # aiohttp's own read timeout, not the idle bound
+                        raise
+                    self.silences += 1
+                    raise WatchSilentError(self.path, self.idle_timeout) from None
             except asyncio.CancelledError:
                 raise
+            except WatchSilentError as exc:  # reopened at once: the server is likely fine, the socket not
+                log.warning("watch silent; reopening", path=self.path, error=str(exc))
             except ApiError as exc:
                 if exc.status == 410:  # too far behind: the truth is a fresh list
                     log.info("watch expired; listing again", path=self.path)
