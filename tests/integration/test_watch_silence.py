@@ -4,7 +4,8 @@ as when a NAT or a node between loses its state — is reopened within its idle 
 keep it talking). A TCP relay in front of the real kube-apiserver plays the silent network: told
 to, it stops passing bytes on the connections it holds, without closing them, while new
 connections go through. (The idle bound's logic on a scripted API is in tests/test_kube_watch.py.)
-Each test takes about a minute and a half: the bound is the real one."""
+The test takes about a minute and a half: the bound is the real one, and both cases wait
+it out side by side."""
 
 from __future__ import annotations
 
@@ -89,8 +90,9 @@ async def direct(cluster: LocalCluster) -> AsyncIterator[KubeClient]:
         yield client
 
 
-@pytest.fixture
+@contextlib.asynccontextmanager
 async def relayed(cluster: LocalCluster) -> AsyncIterator[tuple[KubeClient, SilentRelay]]:
+    """A client whose every connection goes through a relay of its own."""
     credentials = load_kubeconfig(cluster.kubeconfig)
     server = urlsplit(credentials.server)
     relay = SilentRelay(server.hostname or "127.0.0.1", server.port or 443)
@@ -113,9 +115,15 @@ def configmap(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "data": {"v": "0"}}
 
 
-async def test_a_watch_whose_connection_goes_silent_is_reopened_within_its_idle_bound(
-        direct: KubeClient, relayed: tuple[KubeClient, SilentRelay]) -> None:
-    client, relay = relayed
+async def test_a_silent_watch_is_reopened_within_its_idle_bound_and_a_quiet_healthy_one_is_not(
+        cluster: LocalCluster, direct: KubeClient) -> None:
+    """Both cases wait out the real bound, so they run side by side, each through its own relay."""
+    async with relayed(cluster) as silent, relayed(cluster) as quiet:
+        await asyncio.gather(a_silent_watch_is_reopened(direct, *silent),
+                             a_quiet_healthy_watch_is_not_reopened(direct, *quiet))
+
+
+async def a_silent_watch_is_reopened(direct: KubeClient, client: KubeClient, relay: SilentRelay) -> None:
     namespace = await watched_namespace(direct)
     configmaps = resource_path("", "v1", "configmaps", namespace=namespace)
     seen: list[str] = []
@@ -148,9 +156,7 @@ async def test_a_watch_whose_connection_goes_silent_is_reopened_within_its_idle_
             await direct.delete(f"/api/v1/namespaces/{namespace}")
 
 
-async def test_a_quiet_healthy_watch_hears_bookmarks_and_is_not_reopened(
-        direct: KubeClient, relayed: tuple[KubeClient, SilentRelay]) -> None:
-    client, relay = relayed
+async def a_quiet_healthy_watch_is_not_reopened(direct: KubeClient, client: KubeClient, relay: SilentRelay) -> None:
     namespace = await watched_namespace(direct)
     watch = ListWatch(client, "", "v1", "configmaps", lambda kind, body: None,
                       field_selector=f"metadata.namespace={namespace}")
