@@ -362,6 +362,7 @@ def plan_ahead(
     *,
     free: Mapping[str, Sequence[Slot]],
     busy: Collection[str] = (),
+    lately: Sequence[ClaimDemand] = (),
     menus: MenuCache | None = None,
 ) -> AheadPlan:
     """Recuts ahead of demand: the claims ``expected`` within the time a recut takes (the
@@ -371,7 +372,14 @@ def plan_ahead(
     :func:`plan_recuts`, among GPUs not in ``busy`` (planned already for waiting claims), within
     ``recuts_left``. So a claim like the recent ones finds a device published when it comes,
     instead of waiting the debounce and a recut while whole GPUs sit free. The GPUs the
-    expected claims would use as they are are kept (:func:`back_to_idle` leaves them)."""
+    expected claims would use as they are are kept (:func:`back_to_idle` leaves them).
+
+    ``lately``: the claims that arrived within the cooldown before the lead time (older than
+    ``expected``). They never cause a recut, but the free devices they would use as they are
+    are kept too, after the expected claims have taken theirs. That is the hysteresis: a GPU is
+    recut ahead on the short lead time but given back to idle only when a whole cooldown
+    brought no claim it could serve. Keeping on the lead time alone made the sliding window
+    flap a GPU (ahead, back to idle, ahead again) at two recuts a cooldown."""
     menus = menus or MenuCache()
     pool = {node: [s.copy() for s in slots] for node, slots in sorted(free.items())}
     keep: set[str] = set()
@@ -384,6 +392,12 @@ def plan_ahead(
                 break
         else:
             unserved.append(claim)
+    for claim in lately:
+        for slots in pool.values():
+            used = _place(claim, slots, classes)
+            if used is not None:
+                keep |= used
+                break
     if not unserved:
         return AheadPlan((), frozenset(keep))
     out = set(busy) | keep
