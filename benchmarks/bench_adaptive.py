@@ -24,7 +24,8 @@ first recuttable GPU and the first menu layout that fits it); ``tessera`` (the s
 recuts ahead for the claims placed within the last ``--ahead`` seconds, by default the
 operator's lead time, 2 x (pendingAfter + pass + recut)). Both adaptive ones return free GPUs
 to the idle layout after the cooldown (``back_to_idle``; Tessera keeps those ``plan_ahead``
-expects to use), run a pass every 5 s whatever waits, respect the cap (``maxRecuts``), wait
+expects to use, and those the claims of the last cooldown would use as they are), run a
+pass every 5 s whatever waits, respect the cap (``maxRecuts``), wait
 ``pendingAfter`` before a claim counts, treat a GPU never recut as past its cooldown (as the
 operator does), and a recut GPU publishes nothing for ``--recut-seconds``
 (20 s by default: real MIG changes take seconds per instance; ``bench_adaptive_e2e.py`` measures
@@ -40,7 +41,8 @@ unallocated), integrated over the time at least one claim waits, over that time 
 arrival to allocation of the placed claims; ``recuts`` = layout changes (for claims and back
 to idle). After each line, ``unused-while-pending`` counts instead the capacity no placed Pod's
 own ``gpu_milli`` uses (a fractional Pod on a whole GPU wastes the rest), so static-exclusive's
-over-allocation shows. Figures count from ``--warmup`` seconds on.
+over-allocation shows, and the recuts by reason (for waiting claims, ahead, back to idle).
+Figures count from ``--warmup`` seconds on.
 Not a test: it prints figures and asserts nothing.
 """
 

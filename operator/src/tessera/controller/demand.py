@@ -15,8 +15,10 @@ device free beside it is served. A recut is only a choice in
 ``Fleet.adaptive_choices`` and a reconcile of its node: the Controller then hands the GPU over
 as for any layout change (taint, grace, a fresh claim list, then the spec) and the agent's
 claim guard checks again, unchanged. GPUs whose devices are all free go back to the idle
-layout once their cooldown has passed, unless the pass has just planned them for a claim, so
-alternating demand recuts a GPU at most once per cooldown. The moment of each choice is kept in
+layout once their cooldown has passed, unless the pass has just planned them for a claim, or
+claims that arrived within the cooldown would use them as they are (``plan_ahead``'s ``lately``:
+recuts ahead look back one lead time, keeping looks back one cooldown, so a sliding lead window
+does not flap a GPU), so alternating demand recuts a GPU at most once per cooldown. The moment of each choice is kept in
 the policy status (``adaptive[].since``), so a restarted operator counts the cooldown from it
 rather than from its own start.
 
