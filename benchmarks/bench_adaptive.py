@@ -24,7 +24,8 @@ first recuttable GPU and the first menu layout that fits it); ``tessera`` (the s
 recuts ahead for the claims placed within the last ``--ahead`` seconds, by default the
 operator's lead time, 2 x (pendingAfter + pass + recut)). Both adaptive ones return free GPUs
 to the idle layout after the cooldown (``back_to_idle``; Tessera keeps those ``plan_ahead``
-expects to use), run a pass every 5 s whatever waits, respect the cap (``maxRecuts``), wait
+expects to use, and those the claims of the last cooldown would use as they are), run a
+pass every 5 s whatever waits, respect the cap (``maxRecuts``), wait
 ``pendingAfter`` before a claim counts, treat a GPU never recut as past its cooldown (as the
 operator does), and a recut GPU publishes nothing for ``--recut-seconds``
 (20 s by default: real MIG changes take seconds per instance; ``bench_adaptive_e2e.py`` measures
@@ -40,7 +41,8 @@ unallocated), integrated over the time at least one claim waits, over that time 
 arrival to allocation of the placed claims; ``recuts`` = layout changes (for claims and back
 to idle). After each line, ``unused-while-pending`` counts instead the capacity no placed Pod's
 own ``gpu_milli`` uses (a fractional Pod on a whole GPU wastes the rest), so static-exclusive's
-over-allocation shows. Figures count from ``--warmup`` seconds on.
+over-allocation shows, and the recuts by reason (for waiting claims, ahead, back to idle).
+Figures count from ``--warmup`` seconds on.
 Not a test: it prints figures and asserts nothing.
 """
 
@@ -196,6 +198,7 @@ class Simulation:
         self.version: dict[str, int] = dict.fromkeys(self.nodes, 0)
         self.waits: list[float] = []
         self.recuts = 0
+        self.why: dict[str, int] = {"demand": 0, "ahead": 0, "idle": 0}  # recuts by reason
         self.area = 0.0  # unallocated GPU x seconds while a claim waits
         self.unused_area = 0.0  # GPU x seconds no placed Pod's own demand (gpu_milli) uses, while one waits
         self.demand_used = 0.0  # GPUs the placed Pods' own demand uses
@@ -284,20 +287,23 @@ class Simulation:
         else:
             plan = first_fit_plan(waiting, gpus, self.menus, left["bench"])
         by_uuid = {g.status.uuid: g for node in self.nodes for g in self.gpus[node]}
-        changes = [(r.gpu, r.layout) for r in plan.recuts]
+        changes = [(r.gpu, r.layout, "demand") for r in plan.recuts]
         keep: frozenset[str] = frozenset()
         if self.strategy == "tessera" and self.ahead > 0:
             # Recut ahead: the claims of the last lead time, forecast for the next one.
-            expected = [c for at, c in self.arrived if self.now - at <= self.ahead and c.key not in self.pending]
+            placed = [(at, c) for at, c in self.arrived if c.key not in self.pending]
+            expected = [c for at, c in placed if self.now - at <= self.ahead]
+            lately = [c for at, c in reversed(placed) if self.now - at > self.ahead]  # newest first
             busy = {r.gpu for r in plan.recuts} | {u for uuids in plan.placed.values() for u in uuids}
             ahead = plan_ahead(expected, gpus, CLASSES, {"bench": left["bench"] - len(plan.recuts)},
-                               free=free, busy=busy, menus=self.menus)
-            changes += [(r.gpu, r.layout) for r in ahead.recuts]
+                               free=free, busy=busy, lately=lately, menus=self.menus)
+            changes += [(r.gpu, r.layout, "ahead") for r in ahead.recuts]
             keep = ahead.keep | {r.gpu for r in ahead.recuts}
         # The first-fit baseline returns every free GPU to the idle layout after its cooldown.
-        changes += [(g.gpu.uuid, self.policy.spec.adaptive.idle)  # type: ignore[union-attr]
+        changes += [(g.gpu.uuid, self.policy.spec.adaptive.idle, "idle")  # type: ignore[union-attr]
                     for g in back_to_idle(gpus, plan, keep=keep)]
-        for uuid, layout in changes:
+        for uuid, layout, why in changes:
+            self.why[why] += 1
             gpu = by_uuid[uuid]
             gpu.recutting, gpu.layout, gpu.since = True, layout, self.now
             self.version[gpu.node] += 1
@@ -306,7 +312,7 @@ class Simulation:
 
     # -- the clock --------------------------------------------------------------------------
 
-    def run(self) -> dict[str, float]:
+    def run(self) -> dict[str, Any]:
         # The operator's pass runs every PASS_SECONDS whatever happens (as its loop does), so
         # free GPUs go back to idle and recuts start even while nothing waits.
         while self.events or (self.adaptive and self.pending):
@@ -326,7 +332,8 @@ class Simulation:
                 self.pending[claim.key] = (claim, self.now, run)
                 self.demand_of[claim.key] = need
                 self.recent = [*self.recent[-63:], claim]
-                self.arrived = [*(x for x in self.arrived if self.now - x[0] <= self.ahead), (self.now, claim)]
+                window = max(self.ahead, self.cooldown)  # as the operator keeps them (AdaptiveDemand)
+                self.arrived = [*(x for x in self.arrived if self.now - x[0] <= window), (self.now, claim)]
             elif kind == "depart":
                 self.release(payload)
             elif kind == "recut":
@@ -341,6 +348,7 @@ class Simulation:
             "p50": statistics.median(waits) if waits else 0.0,
             "p99": waits[min(len(waits) - 1, int(0.99 * len(waits)))] if waits else 0.0,
             "recuts": float(self.recuts),
+            "why": ", ".join(f"{n} {k}" for k, n in self.why.items()),  # type: ignore[dict-item]
             "unused": 100 * self.unused_area / (self.waiting_time * self.total) if self.waiting_time else 0.0,
         }
 
@@ -421,7 +429,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         r = Simulation(strategy, pods, arrivals, args).run()
         print(f"{strategy}: unallocated-while-pending {r['unallocated']:.1f}%, never placed {int(r['never'])}, "
               f"pending p50 {r['p50']:.0f} s p99 {r['p99']:.0f} s, recuts {int(r['recuts'])}"
-              f"   # unused-while-pending {r['unused']:.1f}%, {time.perf_counter() - started:.0f} s to simulate",
+              f"   # unused-while-pending {r['unused']:.1f}%, recuts for {r['why']}, "
+              f"{time.perf_counter() - started:.0f} s to simulate",
               flush=True)
 
 

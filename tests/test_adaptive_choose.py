@@ -384,3 +384,32 @@ def test_ahead_recuts_spare_busy_gpus_and_respect_the_cap() -> None:
     assert plan_ahead(expected, gpus, CLASSES, {"adaptive": 0}, free={}).recuts == ()
     busy = plan_ahead(expected, gpus, CLASSES, {"adaptive": 2}, free={}, busy={gpus[0].gpu.uuid})
     assert [r.index for r in busy.recuts] == [1]
+
+
+def test_claims_of_the_cooldown_keep_the_free_devices_they_would_use_but_recut_nothing() -> None:
+    # Hysteresis: a 3g claim that came within the cooldown, but before the lead time, keeps the
+    # free halves GPU it would use from going back to idle (no recut ahead for it, though);
+    # the free sevenths GPU no such claim would use goes back.
+    pol = policy()
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "halves", True), AdaptiveGpu("node-a", gpu(1), pol, "whole", True)]
+    free = {"node-a": [*_halves_slots(pol, 0), *slots_of(menu_devices(pol, gpu(1))[0].devices)]}
+    lately = [demand("old", MIG_3G)]
+    ahead = plan_ahead([], gpus, CLASSES, {"adaptive": 2}, free=free, lately=lately)
+    assert ahead.recuts == ()
+    assert ahead.keep == {gpu(0).uuid}
+    nothing = plan_recuts([], gpus, CLASSES, {"adaptive": 2})
+    assert back_to_idle(gpus, nothing, keep=ahead.keep) == []
+    assert back_to_idle(gpus, nothing, keep=plan_ahead([], gpus, CLASSES, {"adaptive": 2}, free=free).keep) == [
+        gpus[0]], "no claim within the cooldown: back to idle"
+
+
+def test_claims_of_the_cooldown_take_free_devices_only_after_the_expected_ones() -> None:
+    # One free 3g device and two whole GPUs: the expected 3g claim takes the device as it is;
+    # the older one finds nothing left and causes no recut (only the expected claims do).
+    pol = policy()
+    gpus = [AdaptiveGpu("node-a", gpu(0), pol, "halves", False), AdaptiveGpu("node-a", gpu(1), pol, "whole", True)]
+    free = {"node-a": [*_halves_slots(pol, 0)[:1], *slots_of(menu_devices(pol, gpu(1))[0].devices)]}
+    ahead = plan_ahead([demand("new", MIG_3G)], gpus, CLASSES, {"adaptive": 2}, free=free,
+                       lately=[demand("old", MIG_3G)])
+    assert ahead.recuts == ()
+    assert ahead.keep == {gpu(0).uuid}

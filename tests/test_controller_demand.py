@@ -383,3 +383,37 @@ async def test_no_recut_ahead_once_the_claims_are_older_than_the_lead_time() -> 
     await demand.run_pass()
     assert gpu(1).uuid not in view.fleet.adaptive_choices
     assert gpu(2).uuid not in view.fleet.adaptive_choices
+
+
+async def test_a_free_cut_gpu_stays_while_claims_it_could_serve_came_within_the_cooldown() -> None:
+    # Hysteresis: the lead time (52 s here) decides recuts ahead, the cooldown (60 s) decides
+    # what stays off idle, so a sliding lead window does not flap a GPU back and forth.
+    view, demand, clock, _ = setup(gpus=1)
+    demand.claim_seen("ADDED", pending_claim("c"))
+    demand.pod_seen("ADDED", waiting_pod("p", "c"))
+    clock.now += 10
+    await demand.run_pass()  # at 1010: gpu 0 recut to halves for c
+    view.decide()
+    target = view.decisions[NODE].gpus[0].target
+    assert target is not None
+    view.fleet.set_layout(layout_body([status_after(gpu(0), target)], [target]))
+    view.decide()
+    clock.now += 5
+    demand.claim_seen("ADDED", pending_claim("c2"))  # at 1015, placed at once on the other half
+    held = []
+    for name, start in (("c", 0), ("c2", 4)):
+        allocated = claim_body(name, [f"gpu-0-mig-3g-40gb-{start}"], namespace="team-a", pods=[f"p-{name}"])
+        view.fleet.set_claim(allocated)
+        demand.claim_seen("MODIFIED", allocated)
+        held.append(allocated)
+    for name, body in (("c", held[0]), ("c2", held[1])):
+        view.fleet.remove_claim("team-a", name)
+        demand.claim_seen("DELETED", body)
+    view.decide()
+    assert demand.lead_time(demand.adaptive_policies()) < 55 < 60
+    clock.now = 1070  # the cooldown is over; c2 came 55 s ago: past the lead time, within the cooldown
+    await demand.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "halves", "a 3g claim came within the cooldown"
+    clock.now = 1080  # c2 came 65 s ago: a whole cooldown with no claim for it
+    await demand.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole"

@@ -362,6 +362,7 @@ def plan_ahead(
     *,
     free: Mapping[str, Sequence[Slot]],
     busy: Collection[str] = (),
+    lately: Sequence[ClaimDemand] = (),
     menus: MenuCache | None = None,
 ) -> AheadPlan:
     """Recuts ahead of demand: the claims ``expected`` within the time a recut takes (the
@@ -371,24 +372,40 @@ def plan_ahead(
     :func:`plan_recuts`, among GPUs not in ``busy`` (planned already for waiting claims), within
     ``recuts_left``. So a claim like the recent ones finds a device published when it comes,
     instead of waiting the debounce and a recut while whole GPUs sit free. The GPUs the
-    expected claims would use as they are are kept (:func:`back_to_idle` leaves them)."""
+    expected claims would use as they are are kept (:func:`back_to_idle` leaves them).
+
+    ``lately``: the claims that arrived within the cooldown before the lead time (older than
+    ``expected``). They never cause a recut, but the free devices they would use as they are
+    are kept too, after the expected claims have taken theirs. That is the hysteresis: a GPU is
+    recut ahead on the short lead time but given back to idle only when a whole cooldown
+    brought no claim it could serve. Keeping on the lead time alone made the sliding window
+    flap a GPU (ahead, back to idle, ahead again) at two recuts a cooldown."""
     menus = menus or MenuCache()
-    pool = {node: [s.copy() for s in slots] for node, slots in sorted(free.items())}
+    pool = [[s.copy() for s in slots] for _, slots in sorted(free.items())]
     keep: set[str] = set()
-    unserved: list[ClaimDemand] = []
-    for claim in expected:
-        for slots in pool.values():
-            used = _place(claim, slots, classes)
+    # First fit, node by node. The pool only shrinks, so a node a shape did not fit on never
+    # fits it later in the call: each shape resumes at the node it last fit on.
+    start: dict[object, int] = {}
+
+    def first_fit(claim: ClaimDemand) -> bool:
+        for at in range(start.get(claim.shape, 0), len(pool)):
+            used = _place(claim, pool[at], classes)
             if used is not None:
-                keep |= used
-                break
-        else:
-            unserved.append(claim)
+                keep.update(used)
+                start[claim.shape] = at
+                return True
+        start[claim.shape] = len(pool)
+        return False
+
+    unserved = [claim for claim in expected if not first_fit(claim)]
+    for claim in lately:
+        first_fit(claim)
     if not unserved:
         return AheadPlan((), frozenset(keep))
     out = set(busy) | keep
     candidates = [g if g.gpu.uuid not in out else AdaptiveGpu(g.node, g.gpu, g.policy, g.current, False) for g in gpus]
-    left = {node: [s for s in slots if s.gpu not in out] for node, slots in pool.items()}
+    left = {node: [s for s in slots if s.gpu not in out] for (node, _), slots in zip(sorted(free.items()), pool,
+                                                                                    strict=True)}
     plan = plan_recuts(unserved, candidates, classes, recuts_left, free=left, menus=menus)
     recuts = tuple(Recut(r.node, r.gpu, r.index, r.policy, r.layout, r.claims, ahead=True) for r in plan.recuts)
     return AheadPlan(recuts, frozenset(keep))

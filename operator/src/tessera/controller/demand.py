@@ -15,8 +15,10 @@ device free beside it is served. A recut is only a choice in
 ``Fleet.adaptive_choices`` and a reconcile of its node: the Controller then hands the GPU over
 as for any layout change (taint, grace, a fresh claim list, then the spec) and the agent's
 claim guard checks again, unchanged. GPUs whose devices are all free go back to the idle
-layout once their cooldown has passed, unless the pass has just planned them for a claim, so
-alternating demand recuts a GPU at most once per cooldown. The moment of each choice is kept in
+layout once their cooldown has passed, unless the pass has just planned them for a claim, or
+claims that arrived within the cooldown would use them as they are (``plan_ahead``'s ``lately``:
+recuts ahead look back one lead time, keeping looks back one cooldown, so a sliding lead window
+does not flap a GPU), so alternating demand recuts a GPU at most once per cooldown. The moment of each choice is kept in
 the policy status (``adaptive[].since``), so a restarted operator counts the cooldown from it
 rather than from its own start.
 
@@ -77,7 +79,9 @@ class _Pass:
     free: dict[str, list[Slot]]
     left: dict[str, int]
     lead: float  # seconds of arrivals that forecast the next claims
+    cooldown: float  # seconds of arrivals whose free devices stay off back_to_idle (the longest cooldown)
 RECENT_CLAIMS = 64  # claim shapes kept for the fragmentation score
+ARRIVALS_KEPT = 1024  # claims kept with their arrival, for recuts ahead and the GPUs kept from idle
 
 
 class ControllerView(Protocol):
@@ -185,7 +189,7 @@ class AdaptiveDemand:
         self.choices: dict[str, _Choice] = {}  # GPU UUID -> the layout chosen and why
         self.warned: set[str] = set()  # claim UIDs told that nothing can satisfy them
         self.recent: list[ClaimDemand] = []
-        self.arrivals: list[tuple[float, ClaimDemand]] = []  # (first seen, claim), the last RECENT_CLAIMS
+        self.arrivals: list[tuple[float, ClaimDemand]] = []  # (first seen, claim), the last ARRIVALS_KEPT
         self.menus = MenuCache()
         self.last_plan: RecutPlan | None = None
         self._task: asyncio.Task[None] | None = None
@@ -205,7 +209,7 @@ class AdaptiveDemand:
             return
         if key not in self.claims:
             self.recent = [*self.recent[-(RECENT_CLAIMS - 1):], demand]
-            self.arrivals = [*self.arrivals[-(RECENT_CLAIMS - 1):], (self.clock(), demand)]
+            self.arrivals = [*self.arrivals[-(ARRIVALS_KEPT - 1):], (self.clock(), demand)]
         self.claims[key] = demand
 
     def pod_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
@@ -338,7 +342,8 @@ class AdaptiveDemand:
         left = {n: max(0, p.spec.adaptive.max_recuts - under_way.get(n, 0))
                 for n, p in policies.items() if p.spec.adaptive}
         plan = plan_recuts(pending, gpus, self.classes, left, free=free, recent=self.recent, menus=self.menus)
-        return _Pass(plan, gpus, free, left, self.lead_time(policies))
+        cooldown = max(p.spec.adaptive.cooldown_seconds for p in policies.values() if p.spec.adaptive)
+        return _Pass(plan, gpus, free, left, self.lead_time(policies), cooldown)
 
     def lead_time(self, policies: Mapping[str, SharingPolicy]) -> float:
         """How far back the claims that forecast the next ones reach: twice the time a claim
@@ -347,16 +352,19 @@ class AdaptiveDemand:
         return AHEAD_FACTOR * (debounce + self.interval + RECUT_SECONDS)
 
     def _ahead(self, chosen: _Pass) -> AheadPlan:
-        """Recuts ahead for claims like those that arrived within the lead time and were placed."""
+        """Recuts ahead for claims like those that arrived within the lead time and were placed;
+        the free devices claims of the cooldown before it would use are kept from idle too."""
         now = self.clock()
-        self.arrivals = [(at, c) for at, c in self.arrivals if now - at <= chosen.lead]
+        self.arrivals = [(at, c) for at, c in self.arrivals if now - at <= max(chosen.lead, chosen.cooldown)]
         plan = chosen.plan
         busy = {r.gpu for r in plan.recuts} | {u for uuids in plan.placed.values() for u in uuids}
         left = {n: v - sum(1 for r in plan.recuts if r.policy == n) for n, v in chosen.left.items()}
         # Claims still unallocated are not a forecast: they wait out the debounce like any other.
-        expected = [c for _, c in self.arrivals if c.key not in self.claims]
+        placed = [(at, c) for at, c in self.arrivals if c.key not in self.claims]
+        expected = [c for at, c in placed if now - at <= chosen.lead]
+        lately = [c for at, c in reversed(placed) if now - at > chosen.lead]  # newest first
         return plan_ahead(expected, chosen.gpus, self.classes, left, free=chosen.free,
-                          busy=busy, menus=self.menus)
+                          busy=busy, lately=lately, menus=self.menus)
 
     async def run_pass(self) -> RecutPlan | None:
         chosen = self._choose()
