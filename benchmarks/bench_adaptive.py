@@ -62,7 +62,15 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, RecutPlan, back_to_idle, plan_ahead, plan_recuts
+from tessera.adaptive.choose import (
+    AdaptiveGpu,
+    MenuCache,
+    RecutPlan,
+    back_to_idle,
+    plan_ahead,
+    plan_recuts,
+    plan_reservations,
+)
 from tessera.adaptive.claims import ClaimDemand, Slot, claim_demand, class_selectors, fit
 from tessera.adaptive.layouts import slots_of
 from tessera.controller.demand import AHEAD_FACTOR
@@ -208,6 +216,8 @@ class Simulation:
         self.now = 0.0
         self.next_pass = PASS_SECONDS if self.adaptive else math.inf
         self.recent: list[ClaimDemand] = []
+        self.reserved: dict[str, str] = {}  # claim -> the node kept for it (tessera)
+        self.tainted: set[str] = set()  # nodes whose free devices are published tainted (reserved, not ready)
         self.arrived: list[tuple[float, ClaimDemand]] = []  # (when, claim) within the lead time
         # The operator's lead time (AdaptiveDemand.lead_time), with this run's debounce, pass and recut.
         lead = AHEAD_FACTOR * (self.debounce + PASS_SECONDS + self.recut_seconds)
@@ -229,7 +239,7 @@ class Simulation:
                 continue
             blocked.add(claim.shape)
             for node in self.nodes:
-                if self.failed.get((claim.shape, node)) == self.version[node]:
+                if node in self.tainted or self.failed.get((claim.shape, node)) == self.version[node]:
                     continue
                 slots = [s for g in self.gpus[node] if not g.recutting for s in g.slots]
                 before = [(s, s.taken, dict(s.free)) for s in slots]
@@ -278,12 +288,24 @@ class Simulation:
         waiting = [c for c, arrived, _ in sorted(self.pending.values(), key=lambda v: v[1])
                    if self.now - arrived >= self.debounce]
         gpus, under_way = self.adaptive_gpus()
-        left = {"bench": max(0, self.policy.spec.adaptive.max_recuts - under_way)}  # type: ignore[union-attr]
+        cap = self.policy.spec.adaptive.max_recuts  # type: ignore[union-attr]
+        left = {"bench": max(0, cap - under_way)}
+        lifted: set[str] = set()
         if self.strategy == "tessera":
             # As the operator offers them: devices no claim holds, of GPUs not being recut.
             free = {node: [s for g in self.gpus[node] if not g.recutting for s in g.slots
                            if not s.taken and s.free == s.total] for node in self.nodes}
-            plan = plan_recuts(waiting, gpus, CLASSES, left, free=free, recent=self.recent, menus=self.menus)
+            busy = {g.status.uuid for node in self.nodes for g in self.gpus[node]
+                    if not g.recutting and any(s.taken or s.free != s.total for s in g.slots)}
+            reservations = plan_reservations(waiting, gpus, CLASSES, free=free, busy=busy, previous=self.reserved,
+                                             limit=cap, menus=self.menus)
+            self.reserved = {r.claim: r.node for r in reservations}
+            tainted = {r.node for r in reservations if not r.ready}
+            for node in tainted ^ self.tainted:
+                self.version[node] += 1
+            lifted, self.tainted = self.tainted - tainted, tainted
+            plan = plan_recuts(waiting, gpus, CLASSES, left, free=free, recent=self.recent,
+                               reserved={r.node: r.claim for r in reservations}, menus=self.menus)
         else:
             plan = first_fit_plan(waiting, gpus, self.menus, left["bench"])
         by_uuid = {g.status.uuid: g for node in self.nodes for g in self.gpus[node]}
@@ -296,7 +318,8 @@ class Simulation:
             lately = [c for at, c in reversed(placed) if self.now - at > self.ahead]  # newest first
             busy = {r.gpu for r in plan.recuts} | {u for uuids in plan.placed.values() for u in uuids}
             ahead = plan_ahead(expected, gpus, CLASSES, {"bench": left["bench"] - len(plan.recuts)},
-                               free=free, busy=busy, lately=lately, menus=self.menus)
+                               free=free, busy=busy, lately=lately, reserved=set(self.reserved.values()),
+                               menus=self.menus)
             changes += [(r.gpu, r.layout, "ahead") for r in ahead.recuts]
             keep = ahead.keep | {r.gpu for r in ahead.recuts}
         # The first-fit baseline returns every free GPU to the idle layout after its cooldown.
@@ -309,6 +332,8 @@ class Simulation:
             self.version[gpu.node] += 1
             self.recuts += 1
             self._at(self.now + self.recut_seconds, "recut", gpu)
+        if lifted:
+            self.schedule()  # a reserved node's devices published untainted: the scheduler retries
 
     # -- the clock --------------------------------------------------------------------------
 

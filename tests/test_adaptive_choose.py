@@ -9,7 +9,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.adaptive.choose import AdaptiveGpu, MenuCache, back_to_idle, fragmentation, plan_ahead, plan_recuts
+from tessera.adaptive.choose import (
+    AdaptiveGpu,
+    MenuCache,
+    back_to_idle,
+    fragmentation,
+    plan_ahead,
+    plan_recuts,
+    plan_reservations,
+)
 from tessera.adaptive.claims import ClaimDemand, claim_demand, class_selectors, fit, slot_of
 from tessera.adaptive.layouts import menu_devices, slots_of
 from tessera.dra.deviceclasses import device_classes
@@ -413,3 +421,94 @@ def test_claims_of_the_cooldown_take_free_devices_only_after_the_expected_ones()
                        lately=[demand("old", MIG_3G)])
     assert ahead.recuts == ()
     assert ahead.keep == {gpu(0).uuid}
+
+
+# ---------------------------------------------------------------- nodes kept for gang claims
+
+
+def _two_nodes(pol: SharingPolicy, busy_a: int, busy_b: int) -> tuple[list[AdaptiveGpu], set[str], dict[str, list]]:
+    """node-a (GPUs 0-3) and node-b (GPUs 4-7), whole; the first ``busy_*`` GPUs of each held.
+    Returns the GPUs, the busy UUIDs and the free devices per node."""
+    gpus, busy, free = [], set(), {}
+    for node, first, held in (("node-a", 0, busy_a), ("node-b", 4, busy_b)):
+        for i in range(first, first + 4):
+            taken = i - first < held
+            gpus.append(AdaptiveGpu(node, gpu(i), pol, "whole", not taken))
+            if taken:
+                busy.add(gpu(i).uuid)
+            else:
+                free.setdefault(node, []).extend(slots_of(menu_devices(pol, gpu(i))[0].devices))
+    return gpus, busy, free
+
+
+GANG_4 = exactly("whole-gpu.tessera.dev", count=4)
+
+
+def test_a_claim_no_single_gpu_can_host_keeps_the_node_closest_to_empty() -> None:
+    pol = policy()
+    gpus, busy, free = _two_nodes(pol, busy_a=2, busy_b=1)
+    gang, small = demand("gang", GANG_4), demand("small", WHOLE)
+    kept = plan_reservations([small, gang], gpus, CLASSES, free=free, busy=busy, limit=2)
+    assert [(r.node, r.claim, r.ready) for r in kept] == [("node-b", "team-a/gang", False)], \
+        "one GPU serves the small claim: nothing is kept for it; node-b has the fewest busy GPUs"
+    # No other claim is planned on the kept node: the small MIG claim is recut on node-a.
+    plan = plan_recuts([demand("m", MIG_3G)], gpus, CLASSES, {"adaptive": 2}, free=free,
+                       reserved={r.node: r.claim for r in kept})
+    assert [r.node for r in plan.recuts] == ["node-a"]
+    ahead = plan_ahead([demand("e", WHOLE), demand("e2", MIG_3G)], gpus, CLASSES, {"adaptive": 2}, free=free,
+                       reserved={"node-b"})
+    assert set(ahead.keep) | {r.gpu for r in ahead.recuts} <= {g.gpu.uuid for g in gpus if g.node == "node-a"}
+
+
+def test_a_kept_node_stays_kept_while_it_could_host_and_is_ready_once_its_free_devices_fit() -> None:
+    pol = policy()
+    gpus, busy, free = _two_nodes(pol, busy_a=2, busy_b=3)
+    gang = demand("gang", GANG_4)
+    first = plan_reservations([gang], gpus, CLASSES, free=free, busy=busy, limit=1)
+    assert [(r.node, r.ready) for r in first] == [("node-a", False)]
+    # node-b now has fewer busy GPUs, but the claim keeps the node it has (no moving drain).
+    gpus, busy, free = _two_nodes(pol, busy_a=1, busy_b=0)
+    assert [(r.node, r.ready) for r in plan_reservations([gang], gpus, CLASSES, free=free, busy=busy,
+                                                         previous={"team-a/gang": "node-a"}, limit=1)] \
+        == [("node-a", False)]
+    gpus, busy, free = _two_nodes(pol, busy_a=0, busy_b=2)
+    ready = plan_reservations([gang], gpus, CLASSES, free=free, busy=busy, previous={"team-a/gang": "node-a"},
+                              limit=1)
+    assert [(r.node, r.ready) for r in ready] == [("node-a", True)]
+
+
+def test_reservations_respect_the_limit_and_one_claim_per_node() -> None:
+    pol = policy()
+    gpus, busy, free = _two_nodes(pol, busy_a=1, busy_b=1)
+    gangs = [demand(f"g{i}", GANG_4) for i in range(3)]
+    kept = plan_reservations(gangs, gpus, CLASSES, free=free, busy=busy, limit=5)
+    assert [(r.node, r.claim) for r in kept] == [("node-a", "team-a/g0"), ("node-b", "team-a/g1")], \
+        "two nodes, two claims kept; the third waits for one"
+    assert len(plan_reservations(gangs, gpus, CLASSES, free=free, busy=busy, limit=1)) == 1
+    too_big = demand("big", exactly("whole-gpu.tessera.dev", count=5))
+    assert plan_reservations([too_big], gpus, CLASSES, free=free, busy=busy, limit=2) == [], \
+        "no node could ever host it: nothing is drained for it"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(1, 5)), min_size=1, max_size=6),
+       st.integers(0, 4), st.integers(0, 4), st.integers(0, 3))
+def test_reservations_never_share_a_node_and_plans_never_place_others_on_one(
+    claims: list[tuple[int, int]], busy_a: int, busy_b: int, limit: int
+) -> None:
+    pol = policy()
+    gpus, busy, free = _two_nodes(pol, busy_a, busy_b)
+    pending = [demand(f"c{i}", exactly("whole-gpu.tessera.dev", count=n) if kind else MIG_3G)
+               for i, (kind, n) in enumerate(claims)]
+    kept = plan_reservations(pending, gpus, CLASSES, free=free, busy=busy, limit=limit)
+    assert len(kept) <= limit
+    assert len({r.node for r in kept}) == len(kept)
+    reserved = {r.node: r.claim for r in kept}
+    plan = plan_recuts(pending, gpus, CLASSES, {"adaptive": 4}, free=free, reserved=reserved)
+    nodes = {g.gpu.uuid: g.node for g in gpus}
+    for claim, uuids in plan.placed.items():
+        for uuid in uuids:
+            assert reserved.get(nodes[uuid], claim) == claim, f"{claim} planned on a node kept for another"
+    for recut in plan.recuts:
+        for claim in recut.claims:
+            assert reserved.get(recut.node, claim) == claim

@@ -11,6 +11,7 @@ from tessera.adaptive.layouts import status_after
 from tessera.controller.decide import NodeDecision, decide_node
 from tessera.controller.demand import AdaptiveDemand, pod_claims, unschedulable
 from tessera.controller.state import Fleet
+from tessera.dra.devices import RESERVED_TAINT_KEY
 from tessera.models.policy import SharingPolicyStatus
 from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
 from tests.dra_gpus import gpu
@@ -417,3 +418,61 @@ async def test_a_free_cut_gpu_stays_while_claims_it_could_serve_came_within_the_
     clock.now = 1080  # c2 came 65 s ago: a whole cooldown with no claim for it
     await demand.run_pass()
     assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole"
+
+
+async def test_a_node_is_kept_for_a_claim_needing_its_gpus_until_its_free_devices_can_hold_it() -> None:
+    """GPU 0 is held; a claim for both GPUs waits. The node is kept for it: every device of its
+    Adaptive GPUs is published with the reservation taint (no new claim lands there), once
+    Event; when GPU 0 is freed the taint comes off so the scheduler can place the claim."""
+    view, demand, clock, events = setup(gpus=2)
+    holder = claim_body("holder", ["gpu-0"], namespace="team-a", pods=["h"])
+    view.fleet.set_claim(holder)
+    view.decide()
+    gang = pending_claim("gang", cel="true", cls="whole-gpu.tessera.dev")
+    gang["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    demand.claim_seen("ADDED", gang)
+    demand.pod_seen("ADDED", waiting_pod("g", "gang"))
+    clock.now += 10
+    for _ in range(2):
+        plan = await demand.run_pass()
+        assert plan is not None
+        assert plan.recuts == ()
+        assert plan.waiting == ("team-a/gang",)
+    assert view.fleet.adaptive_reserved == {NODE: frozenset({gpu(0).uuid, gpu(1).uuid})}
+    assert NODE in view.enqueued
+    assert [(e[0], e[2]) for e in events] == [("gang", "AdaptiveReserve")], "one Event, not one per pass"
+    assert NODE in events[0][3]
+    assert RESERVED_TAINT_KEY in events[0][3]
+    view.decide()
+    published = [d for g in view.decisions[NODE].devices_to_publish() for d in g.devices]
+    assert published
+    assert all({"key": RESERVED_TAINT_KEY, "effect": "NoSchedule"} in d.get("taints", []) for d in published)
+    assert view.decisions[NODE].draining_devices == frozenset(), "a reservation is no drain"
+    # The holder ends: both GPUs free, the claim fits them; the taint comes off for the scheduler.
+    view.fleet.remove_claim("team-a", "holder")
+    view.enqueued.clear()
+    await demand.run_pass()
+    assert view.fleet.adaptive_reserved == {}
+    assert view.enqueued == [NODE]
+    view.decide()
+    assert not any(d.get("taints") for g in view.decisions[NODE].devices_to_publish() for d in g.devices)
+    allocated = claim_body("gang", ["gpu-0", "gpu-1"], namespace="team-a", pods=["g"])
+    view.fleet.set_claim(allocated)
+    demand.claim_seen("MODIFIED", allocated)
+    await demand.run_pass()
+    assert demand.reserved == {}
+    assert view.fleet.adaptive_reserved == {}
+
+
+async def test_a_claim_one_gpu_can_host_keeps_no_node() -> None:
+    view, demand, clock, events = setup(gpus=2)
+    for i in range(2):
+        held = claim_body(f"h{i}", [f"gpu-{i}"], namespace="team-a", pods=[f"h{i}"])
+        view.fleet.set_claim(held)
+    view.decide()
+    demand.claim_seen("ADDED", pending_claim("one", cel="true", cls="whole-gpu.tessera.dev"))
+    demand.pod_seen("ADDED", waiting_pod("o", "one"))
+    clock.now += 10
+    await demand.run_pass()
+    assert view.fleet.adaptive_reserved == {}
+    assert events == []

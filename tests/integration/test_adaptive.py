@@ -130,3 +130,56 @@ async def test_an_idle_gpu_is_recut_for_a_waiting_claim_and_the_scheduler_alloca
 
 def claim_of_gone(cluster: LocalCluster, namespace: str, claim: str) -> bool:
     return get_or_none(cluster, "resourceclaim", claim, "-n", namespace) is None
+
+
+async def test_a_node_is_kept_for_a_claim_of_two_gpus_and_the_scheduler_places_others_elsewhere(
+    cluster: LocalCluster, tessera: TesseraProcesses, namespace: str
+) -> None:
+    """Two nodes of two GPUs, one GPU in use on each: a claim for two whole GPUs fits neither.
+    The operator keeps one node for it (its devices tainted), so the real scheduler puts the
+    next one-GPU claim on the other node; when the kept node's Pod goes, the taint comes off
+    and the scheduler gives the two-GPU claim both of its GPUs."""
+    label = "adaptive-gang"
+    nodes = ["gang-a", "gang-b"]
+    for node in nodes:
+        gpu_node(cluster, tessera, node, label, "2xH100-80GB")
+    apply(cluster, policy("gang", label, ADAPTIVE))
+    for node in nodes:
+        await wait_devices(cluster, node, lambda d: whole_gpus(d) == ["gpu-0", "gpu-1"], f"{node}: two whole GPUs")
+    on_label = {"tessera.dev/test": label}
+    pair = claim_template("pair", namespace, "whole-gpu.tessera.dev")
+    pair["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    apply(cluster, claim_template("one", namespace, "whole-gpu.tessera.dev"),
+          pod_with_claim("first-a", namespace, "one", on_node("gang-a")),
+          pod_with_claim("first-b", namespace, "one", on_node("gang-b")))
+    for pod in ("first-a", "first-b"):
+        await wait_for(lambda pod=pod: allocated_devices(cluster, namespace, pod), timeout=60,
+                       message=f"{pod} allocated")
+
+    def reserved(node: str) -> bool:
+        devices = node_devices(cluster, node)
+        return bool(devices) and all(
+            any(t["key"] == "tessera.dev/reserved" for t in d.get("taints", [])) for d in devices.values())
+
+    apply(cluster, pair, pod_with_claim("gang", namespace, "pair", on_label))
+    kept = await wait_for(lambda: next((n for n in nodes if reserved(n)), None), timeout=60,
+                          message="a node kept for the two-GPU claim")
+    other = next(n for n in nodes if n != kept)
+    assert not reserved(other)
+    gang_claim = await wait_for(lambda: claim_of(cluster, namespace, "gang"), timeout=30, message="the gang's claim")
+    events = claim_events(cluster, namespace, gang_claim["metadata"]["name"], "AdaptiveReserve")
+    assert len(events) == 1
+    assert kept in events[0]["message"]
+
+    # A new one-GPU claim on either node: the scheduler finds the kept node's free GPU tainted.
+    apply(cluster, pod_with_claim("late", namespace, "one", on_label))
+    late = await wait_for(lambda: allocated_devices(cluster, namespace, "late"), timeout=60, message="late allocated")
+    assert late[0]["pool"] == other, "the kept node's free GPU went to no new claim"
+    assert allocated_devices(cluster, namespace, "gang") == []
+
+    # The kept node's Pod ends: its GPUs are both free, the taint comes off, the gang is placed.
+    delete_pod_now(cluster, namespace, "first-a" if kept == "gang-a" else "first-b")
+    got = await wait_for(lambda: allocated_devices(cluster, namespace, "gang"), timeout=90,
+                         message="the two-GPU claim allocated on the kept node")
+    assert sorted((str(r["pool"]), str(r["device"])) for r in got) == [(kept, "gpu-0"), (kept, "gpu-1")]
+    await wait_for(lambda: not reserved(kept), timeout=30, message="the taint off the kept node")

@@ -30,6 +30,13 @@ free part of a shared device's limiting capacity) counts when no claim shape in 
 (the claims pending now and lately) fits on that device alone. A GPU cut to 1g slices when
 only 3g claims come scores high; one cut exactly as the demand asks scores 0.
 
+**Gang claims** (:func:`plan_reservations`): a waiting claim no single GPU can host waits for
+a node to empty, and while small claims take every GPU that frees up, none does. So each such
+claim (oldest first, up to a limit) keeps one node, the one with the fewest busy GPUs among
+those that could host it, and keeps it while it waits; the caller publishes that node's devices
+tainted until its free devices can hold the claim, and :func:`plan_recuts` and
+:func:`plan_ahead` plan no other claim there.
+
 Never touches a GPU the caller does not mark recuttable (any device held, anything in use,
 inside its cooldown, or a recut under way): the controller decides that from the claims.
 Not for: I/O, timers or writing layouts (``tessera.controller.demand`` does those).
@@ -50,6 +57,7 @@ from tessera.models.policy import SharingPolicy
 
 ClassSelectors = Mapping[str, Sequence[str]]
 LOOKAHEAD = 16  # waiting claims after the one being placed that an option is scored on
+HOSTS_KEPT = 4096  # answers kept in MenuCache.hosts
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,9 @@ class MenuCache:
     def __init__(self) -> None:
         self._options: dict[tuple[str, int, str], list[MenuOption]] = {}
         self._policy_specs: dict[str, int] = {}
+        # (claim shape, GPUs as (policy, spec id, model)) -> whether one menu layout on all of
+        # them could host the claim: fixed while the policies are (:func:`plan_reservations`).
+        self.hosts: dict[tuple[object, ...], bool] = {}
 
     def options(self, policy: SharingPolicy, gpu: GpuStatus) -> list[MenuOption]:
         key = (policy.name, id(policy.spec), gpu.uuid)
@@ -145,6 +156,7 @@ def plan_recuts(
     *,
     free: Mapping[str, Sequence[Slot]] | None = None,
     recent: Sequence[ClaimDemand] = (),
+    reserved: Mapping[str, str] = {},
     menus: MenuCache | None = None,
 ) -> RecutPlan:
     """Recuts for ``pending`` (oldest first); see the module doc for the rule.
@@ -152,7 +164,8 @@ def plan_recuts(
     ``recuts_left``: policy name → GPUs it may still start recutting (its cap less those under
     way). ``free``: node → devices published there now that no claim holds (they may serve a
     claim beside a recut GPU); they are not changed. ``recent``: claims seen lately, for the
-    fragmentation score (the pending ones count too)."""
+    fragmentation score (the pending ones count too). ``reserved``: node → the claim it is kept
+    for (:func:`plan_reservations`); no other claim is planned there."""
     menus = menus or MenuCache()
     free = free or {}
     shapes = [*pending, *recent]
@@ -169,12 +182,15 @@ def plan_recuts(
     fresh_fits: dict[tuple[object, ...], tuple[int, Fraction] | None] = {}
     no_option: set[object] = set()  # claim shapes no new recut can serve in this pass
     never: dict[object, str | None] = {}  # claim shape -> why nothing could ever serve it
+    owners = set(reserved.values())
 
     for position, claim in enumerate(pending):
         following = [c for c in pending[position + 1:position + 1 + LOOKAHEAD] if c.key not in placed]
         # 1. What this plan's recuts leave over.
         done = False
         for node in sorted(leftover):
+            if reserved.get(node, claim.key) != claim.key:
+                continue
             slots = [*node_free.get(node, []), *leftover[node]]
             used = _place(claim, slots, classes)
             if used is not None:
@@ -187,9 +203,13 @@ def plan_recuts(
         if done:
             continue
         # 2. New recuts: the fewest GPUs, then the least fragmentation. A shape that found no
-        # option finds none later in the pass either (planning only takes GPUs away).
+        # option finds none later in the pass either (planning only takes GPUs away), except
+        # for a claim a node is reserved for: it may go where its shape's others may not.
         best: tuple[tuple[object, ...], str, list[AdaptiveGpu], MenuOption] | None = None
-        for node, node_gpus in sorted(by_node.items()) if claim.shape not in no_option else ():
+        searching = claim.shape not in no_option or claim.key in owners
+        for node, node_gpus in sorted(by_node.items()) if searching else ():
+            if reserved.get(node, claim.key) != claim.key:
+                continue
             recuttable = [g for g in node_gpus if g.recuttable and g.gpu.uuid not in planned]
             for policy_name in sorted({g.policy.name for g in node_gpus}):
                 mine = [g for g in recuttable if g.policy.name == policy_name]
@@ -363,6 +383,7 @@ def plan_ahead(
     free: Mapping[str, Sequence[Slot]],
     busy: Collection[str] = (),
     lately: Sequence[ClaimDemand] = (),
+    reserved: Collection[str] = (),
     menus: MenuCache | None = None,
 ) -> AheadPlan:
     """Recuts ahead of demand: the claims ``expected`` within the time a recut takes (the
@@ -379,8 +400,12 @@ def plan_ahead(
     are kept too, after the expected claims have taken theirs. That is the hysteresis: a GPU is
     recut ahead on the short lead time but given back to idle only when a whole cooldown
     brought no claim it could serve. Keeping on the lead time alone made the sliding window
-    flap a GPU (ahead, back to idle, ahead again) at two recuts a cooldown."""
+    flap a GPU (ahead, back to idle, ahead again) at two recuts a cooldown.
+
+    ``reserved``: nodes kept for waiting claims (:func:`plan_reservations`): none of their
+    devices or GPUs is counted on or recut here."""
     menus = menus or MenuCache()
+    free = {node: slots for node, slots in free.items() if node not in reserved}
     pool = [[s.copy() for s in slots] for _, slots in sorted(free.items())]
     keep: set[str] = set()
     # First fit, node by node. The pool only shrinks, so a node a shape did not fit on never
@@ -403,7 +428,8 @@ def plan_ahead(
     if not unserved:
         return AheadPlan((), frozenset(keep))
     out = set(busy) | keep
-    candidates = [g if g.gpu.uuid not in out else AdaptiveGpu(g.node, g.gpu, g.policy, g.current, False) for g in gpus]
+    candidates = [g if g.gpu.uuid not in out and g.node not in reserved
+                  else AdaptiveGpu(g.node, g.gpu, g.policy, g.current, False) for g in gpus]
     left = {node: [s for s in slots if s.gpu not in out] for (node, _), slots in zip(sorted(free.items()), pool,
                                                                                     strict=True)}
     plan = plan_recuts(unserved, candidates, classes, recuts_left, free=left, menus=menus)
@@ -425,3 +451,77 @@ def back_to_idle(gpus: Sequence[AdaptiveGpu], plan: RecutPlan, *, keep: Collecti
             continue
         out.append(g)
     return out
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A node kept for one waiting claim that needs several GPUs of it (a gang)."""
+
+    node: str
+    claim: str  # namespace/name
+    ready: bool  # the claim fits the node's free devices now: publish them untainted for the scheduler
+
+
+def plan_reservations(
+    pending: Sequence[ClaimDemand],
+    gpus: Sequence[AdaptiveGpu],
+    classes: ClassSelectors,
+    *,
+    free: Mapping[str, Sequence[Slot]],
+    busy: Collection[str],
+    previous: Mapping[str, str] = {},
+    limit: int,
+    menus: MenuCache | None = None,
+) -> list[Reservation]:
+    """Nodes to drain for the waiting claims no single GPU can host (oldest first, at most
+    ``limit`` nodes): while one waits, its node's free devices are published tainted, so new
+    claims go elsewhere and the node empties as its claims end, instead of a gang claim waiting
+    for a node to empty by chance while small claims keep landing on every freed GPU.
+
+    A claim keeps the node it had (``previous``: claim → node) while that node could still host
+    it; a new one gets, among the nodes whose Adaptive GPUs could host it once emptied and that
+    no other claim has, the one with the fewest ``busy`` GPUs (UUIDs of GPUs any claim holds or
+    uses), then by name. ``ready`` when the claim fits the node's ``free`` devices (node →
+    devices no claim holds, of GPUs not being recut) as they are now: then they are published
+    untainted and the scheduler places it (or a recut the plan makes for it does)."""
+    menus = menus or MenuCache()
+    by_node: dict[str, list[AdaptiveGpu]] = defaultdict(list)
+    for g in gpus:
+        by_node[g.node].append(g)
+    kinds = {node: tuple(sorted(_kind(g) for g in node_gpus)) for node, node_gpus in by_node.items()}
+    singles = {_kind(g): g for g in gpus}  # one GPU of each kind
+    out: list[Reservation] = []
+    taken: set[str] = set()
+    hosts: dict[object, list[str]] = {}  # claim shape -> nodes that could host it emptied
+
+    def could_host(claim: ClaimDemand, node_gpus: Sequence[AdaptiveGpu], kind: tuple[object, ...]) -> bool:
+        key = (claim.shape, kind)
+        if key not in menus.hosts:
+            if len(menus.hosts) >= HOSTS_KEPT:  # claims of ever new shapes must not grow it for good
+                menus.hosts.clear()
+            menus.hosts[key] = _fits_somewhere(claim, node_gpus, menus, classes)
+        return menus.hosts[key]
+
+    for claim in pending:
+        if len(out) >= limit:
+            break
+        if any(could_host(claim, [g], (kind,)) for kind, g in singles.items()):
+            continue  # one GPU can host it: any GPU that frees up serves it, nothing to drain
+        if claim.shape not in hosts:
+            hosts[claim.shape] = [node for node, node_gpus in sorted(by_node.items())
+                                  if could_host(claim, node_gpus, kinds[node])]
+        candidates = [node for node in hosts[claim.shape] if node not in taken]
+        if not candidates:
+            continue
+        node = previous.get(claim.key)
+        if node not in candidates:
+            node = min(candidates, key=lambda n: (sum(g.gpu.uuid in busy for g in by_node[n]), n))
+        taken.add(node)
+        ready = fit(claim, [s.copy() for s in free.get(node, ())], classes) is not None
+        out.append(Reservation(node, claim.key, ready))
+    return out
+
+
+def _kind(gpu: AdaptiveGpu) -> tuple[str, int, str]:
+    """What a GPU's menu devices depend on: its policy (as now) and its model."""
+    return (gpu.policy.name, id(gpu.policy.spec), _model_key(gpu.gpu))

@@ -82,6 +82,9 @@ class NodeDecision:
     # Set by the operator once the decision is carried out: the policies' epoch it was made
     # in, the NodeLayout generation its spec landed in, and the agent status its slices were
     # published from. A policy is Ready only on what has been published for its latest spec.
+    # GPUs (UUIDs) whose devices are published with the reservation taint
+    # (``Fleet.adaptive_reserved``): not a drain, the handover never counts them.
+    reserved: frozenset[str] = frozenset()
     epoch: int = 0
     spec_generation: int | None = None
     published: NodeLayoutStatus | None = None
@@ -101,9 +104,9 @@ class NodeDecision:
         return self.device_counts.get(gpu_uuid, 0)
 
     def devices_to_publish(self) -> list[GpuDevices]:
-        """Every GPU's devices, those in :attr:`draining_devices` tainted."""
+        """Every GPU's devices, those in :attr:`draining_devices` and :attr:`reserved` tainted."""
         draining = self.draining_devices
-        return [with_drain_taints(gpu, draining) for gpu in self.devices]
+        return [with_drain_taints(gpu, draining, self.reserved) for gpu in self.devices]
 
 
 def published_device_names(gpu: GpuStatus) -> frozenset[str]:
@@ -198,7 +201,8 @@ def decide_node(
     missing = _missing_devices(node, status, published, holders, decisions)
     counts = {b.gpu_uuid: len(b.devices) for b in built}
     return NodeDecision(
-        node, spec, tuple(decisions), plan, tuple(sorted(evict)), missing, devices=built, device_counts=counts
+        node, spec, tuple(decisions), plan, tuple(sorted(evict)), missing, devices=built, device_counts=counts,
+        reserved=fleet.adaptive_reserved.get(node, frozenset()),
     )
 
 

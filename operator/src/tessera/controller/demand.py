@@ -22,7 +22,13 @@ does not flap a GPU), so alternating demand recuts a GPU at most once per cooldo
 the policy status (``adaptive[].since``), so a restarted operator counts the cooldown from it
 rather than from its own start.
 
-People hear of it: an Event on the claim when a GPU is recut for it, one Warning (once per
+A waiting claim that no single GPU can host keeps a node (``plan_reservations``): the
+devices of that node's Adaptive GPUs are published with the ``tessera.dev/reserved`` taint
+(``Fleet.adaptive_reserved``, laid on by the decision like a drain taint but never counted by
+the handover) until its free devices can hold the claim; then untainted, the scheduler places
+it. The taint only keeps new allocations off; it never touches one.
+
+People hear of it: an Event on the claim when a GPU is recut for it or a node kept, one Warning (once per
 claim) when no layout of any menu could ever satisfy it, and metrics: pending claims, recuts,
 seconds from pending to allocated, and the fragmentation score of the last plan.
 Not for: deciding the layouts (``tessera.adaptive``) or writing NodeLayouts (the Controller).
@@ -42,13 +48,23 @@ from typing import Any, Protocol
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from tessera.adaptive.choose import AdaptiveGpu, AheadPlan, MenuCache, RecutPlan, back_to_idle, plan_ahead, plan_recuts
+from tessera.adaptive.choose import (
+    AdaptiveGpu,
+    AheadPlan,
+    MenuCache,
+    RecutPlan,
+    Reservation,
+    back_to_idle,
+    plan_ahead,
+    plan_recuts,
+    plan_reservations,
+)
 from tessera.adaptive.claims import ClaimDemand, Slot, claim_demand, class_selectors
 from tessera.adaptive.layouts import slots_of
 from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
 from tessera.dra.deviceclasses import device_classes
-from tessera.dra.devices import build_gpu_devices
+from tessera.dra.devices import RESERVED_TAINT_KEY, build_gpu_devices
 from tessera.models.devices import parse_device_name
 from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import AdaptiveGpuLayout, SharingPolicy, SharingPolicyStatus, Strategy
@@ -62,6 +78,8 @@ PENDING_SECONDS = Histogram(
     "From a claim's Pod first seen Unschedulable to the claim allocated",
     buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800),
 )
+RESERVED = Gauge("tessera_operator_adaptive_reserved_nodes",
+                 "Nodes kept for waiting claims that need several of their GPUs")
 FRAGMENTATION = Gauge(
     "tessera_operator_adaptive_fragmentation",
     "GPU capacity the last adaptive plan leaves free that recent claims could not use (in GPUs)",
@@ -80,6 +98,21 @@ class _Pass:
     left: dict[str, int]
     lead: float  # seconds of arrivals that forecast the next claims
     cooldown: float  # seconds of arrivals whose free devices stay off back_to_idle (the longest cooldown)
+    reservations: list[Reservation]
+    devices: dict[str, frozenset[str]]  # node -> its Adaptive GPUs (UUIDs)
+
+
+@dataclass(frozen=True)
+class _Gpus:
+    """What :meth:`AdaptiveDemand.adaptive_gpus` finds."""
+
+    gpus: list[AdaptiveGpu]
+    under_way: dict[str, int]  # policy -> recuts under way
+    free: dict[str, list[Slot]]  # node -> devices no claim holds, of GPUs not being recut
+    devices: dict[str, frozenset[str]]  # node -> its Adaptive GPUs (UUIDs)
+    busy: frozenset[str]  # UUIDs of GPUs a claim holds or uses
+
+
 RECENT_CLAIMS = 64  # claim shapes kept for the fragmentation score
 ARRIVALS_KEPT = 1024  # claims kept with their arrival, for recuts ahead and the GPUs kept from idle
 
@@ -192,6 +225,7 @@ class AdaptiveDemand:
         self.arrivals: list[tuple[float, ClaimDemand]] = []  # (first seen, claim), the last ARRIVALS_KEPT
         self.menus = MenuCache()
         self.last_plan: RecutPlan | None = None
+        self.reserved: dict[str, str] = {}  # claim -> the node kept for it
         self._task: asyncio.Task[None] | None = None
 
     # -- events ----------------------------------------------------------------------------
@@ -254,17 +288,18 @@ class AdaptiveDemand:
                    if key in self.claims and now - since >= debounce]
         return [self.claims[key] for _, key in sorted(waiting)]
 
-    def adaptive_gpus(
-        self, policies: Mapping[str, SharingPolicy]
-    ) -> tuple[list[AdaptiveGpu], dict[str, int], dict[str, list[Slot]]]:
+    def adaptive_gpus(self, policies: Mapping[str, SharingPolicy]) -> _Gpus:
         """Every GPU an Adaptive policy won, whether it may be recut now, per policy how many
-        recuts are under way, and per node the devices of those GPUs that no claim holds and
-        no recut is replacing (a claim may need one of them beside a recut GPU)."""
+        recuts are under way, per node the devices of those GPUs that no claim holds and no
+        recut is replacing (a claim may need one of them beside a recut GPU) and its Adaptive
+        GPUs, and which of them a claim holds or uses."""
         fleet = self.controller.fleet
         now = self.clock()
         out: list[AdaptiveGpu] = []
         under_way: dict[str, int] = dict.fromkeys(policies, 0)
         free: dict[str, list[Slot]] = {}
+        devices: dict[str, set[str]] = {}  # node -> its Adaptive GPUs
+        busy_gpus: set[str] = set()
         for node, decision in sorted(self.controller.decisions.items()):
             view = fleet.nodes.get(node)
             if view is None or view.layout is None:
@@ -296,12 +331,15 @@ class AdaptiveDemand:
                 elif reported is not None:
                     built = slots_of(build_gpu_devices(reported))
                     free.setdefault(node, []).extend(s for s in built if s.name not in held)
+                devices.setdefault(node, set()).add(gpu.uuid)
                 busy = gpu.in_use or any(i.in_use for i in gpu.mig_instances) or any(
                     _gpu_index(device) == gpu.index for device in held
                 )
+                if busy:
+                    busy_gpus.add(gpu.uuid)
                 cooled = now - choice.since >= policy.spec.adaptive.cooldown_seconds
                 out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
-        return out, under_way, free
+        return _Gpus(out, under_way, free, {n: frozenset(d) for n, d in devices.items()}, frozenset(busy_gpus))
 
     def _remembered(self, policy: SharingPolicy, gpu: str, layout: str, now: float) -> _Choice:
         """A GPU this process has not chosen for yet: what the policy's status recorded of it.
@@ -338,12 +376,17 @@ class AdaptiveDemand:
         PENDING.set(len(pending))
         if not policies:
             return None
-        gpus, under_way, free = self.adaptive_gpus(policies)
-        left = {n: max(0, p.spec.adaptive.max_recuts - under_way.get(n, 0))
+        found = self.adaptive_gpus(policies)
+        gpus, free = found.gpus, found.free
+        left = {n: max(0, p.spec.adaptive.max_recuts - found.under_way.get(n, 0))
                 for n, p in policies.items() if p.spec.adaptive}
-        plan = plan_recuts(pending, gpus, self.classes, left, free=free, recent=self.recent, menus=self.menus)
+        limit = max(p.spec.adaptive.max_recuts for p in policies.values() if p.spec.adaptive)
+        reservations = plan_reservations(pending, gpus, self.classes, free=free, busy=found.busy,
+                                         previous=self.reserved, limit=limit, menus=self.menus)
+        plan = plan_recuts(pending, gpus, self.classes, left, free=free, recent=self.recent,
+                           reserved={r.node: r.claim for r in reservations}, menus=self.menus)
         cooldown = max(p.spec.adaptive.cooldown_seconds for p in policies.values() if p.spec.adaptive)
-        return _Pass(plan, gpus, free, left, self.lead_time(policies), cooldown)
+        return _Pass(plan, gpus, free, left, self.lead_time(policies), cooldown, reservations, found.devices)
 
     def lead_time(self, policies: Mapping[str, SharingPolicy]) -> float:
         """How far back the claims that forecast the next ones reach: twice the time a claim
@@ -363,8 +406,8 @@ class AdaptiveDemand:
         placed = [(at, c) for at, c in self.arrivals if c.key not in self.claims]
         expected = [c for at, c in placed if now - at <= chosen.lead]
         lately = [c for at, c in reversed(placed) if now - at > chosen.lead]  # newest first
-        return plan_ahead(expected, chosen.gpus, self.classes, left, free=chosen.free,
-                          busy=busy, lately=lately, menus=self.menus)
+        return plan_ahead(expected, chosen.gpus, self.classes, left, free=chosen.free, busy=busy, lately=lately,
+                          reserved={r.node for r in chosen.reservations}, menus=self.menus)
 
     async def run_pass(self) -> RecutPlan | None:
         chosen = self._choose()
@@ -402,6 +445,7 @@ class AdaptiveDemand:
             RECUTS.labels("ahead").inc()
             log.info("recutting an idle GPU ahead of claims like recent ones", node=recut.node, gpu=recut.index,
                      layout=recut.layout, policy=recut.policy, like=list(recut.claims))
+        touched |= await self._reserve(chosen)
         keep = ahead.keep | {r.gpu for r in ahead.recuts}
         for gpu in back_to_idle(gpus, plan, keep=keep):
             assert gpu.policy.spec.adaptive is not None
@@ -414,6 +458,28 @@ class AdaptiveDemand:
         if touched:
             self.controller.enqueue(*sorted(touched))
         return plan
+
+    async def _reserve(self, chosen: _Pass) -> set[str]:
+        """Publish the reservations of this pass: the devices of a reserved node's Adaptive GPUs
+        tainted (by GPU, so a recut's new devices are too) until its claim fits the free ones
+        (then untainted, for the scheduler), and nothing reserved elsewhere. The nodes whose
+        reservation changed, to reconcile."""
+        fleet = self.controller.fleet
+        wanted = {r.node: chosen.devices.get(r.node, frozenset()) for r in chosen.reservations if not r.ready}
+        changed = {n for n in set(wanted) | set(fleet.adaptive_reserved)
+                   if wanted.get(n) != fleet.adaptive_reserved.get(n)}
+        fleet.adaptive_reserved = wanted
+        RESERVED.set(len(chosen.reservations))
+        before = self.reserved
+        self.reserved = {r.claim: r.node for r in chosen.reservations}
+        for r in chosen.reservations:
+            if before.get(r.claim) != r.node:
+                log.info("keeping a node for a claim that needs several of its GPUs", node=r.node, claim=r.claim)
+                await self._tell(r.claim, "Normal", "AdaptiveReserve",
+                                 f"No node has room for this claim now; node {r.node} is kept for it: new claims "
+                                 f"go elsewhere (its devices carry the {RESERVED_TAINT_KEY} taint) until its "
+                                 "free devices can hold this claim")
+        return changed
 
     async def _tell(self, claim: str, type_: str, reason: str, message: str) -> None:
         namespace, _, name = claim.partition("/")

@@ -114,6 +114,9 @@ class Fleet:
     # GPU UUID -> the menu layout an Adaptive policy's GPU gets (``tessera.controller.demand``
     # chooses; a GPU not here keeps the one its NodeLayout.spec records, else the idle one).
     adaptive_choices: dict[str, str] = field(default_factory=dict)
+    # node -> GPUs (UUIDs) whose devices are published with the reservation taint: the Adaptive
+    # GPUs of a node kept for a waiting claim that needs several of them (``demand``).
+    adaptive_reserved: dict[str, frozenset[str]] = field(default_factory=dict)
     pending_claims: set[str] = field(default_factory=set)  # namespace/name: unallocated, on our classes
 
     # -- updates from watch events ---------------------------------------------------------

@@ -78,6 +78,7 @@ from tessera.models.quantity import format_bytes, parse_quantity
 DRIVER = DRIVER_NAME
 UNHEALTHY_TAINT_KEY = "gpu.tessera.dev/unhealthy"
 DRAIN_TAINT_KEY = "tessera.dev/repartition"
+RESERVED_TAINT_KEY = "tessera.dev/reserved"  # a free device kept off new claims while its node drains for a gang claim
 NO_SCHEDULE = "NoSchedule"
 
 TYPE_GPU = "gpu"
@@ -187,19 +188,25 @@ def _drained(gpu_uuid: str, device: Device, draining: Collection[str]) -> bool:
     return gpu_uuid in draining or device["name"] in draining or (own is not None and own in draining)
 
 
-def with_drain_taints(gpu: GpuDevices, draining: Collection[str]) -> GpuDevices:
+def with_drain_taints(gpu: GpuDevices, draining: Collection[str], reserved: Collection[str] = ()) -> GpuDevices:
     """``gpu``'s devices with the repartition taint on those ``draining`` names (GPU UUIDs, MIG
-    instance UUIDs or device names), beside any taint they already carry, sorted by key.
+    instance UUIDs or device names), and the reservation taint on every device when the GPU's
+    UUID is among ``reserved``, beside any taint they already carry, sorted by key.
 
-    The one way a device gets the drain taint: devices are built once, untainted, and this is
+    The one way a device gets either taint: devices are built once, untainted, and this is
     laid on top for each publish. ``gpu`` is not changed; untouched devices are shared."""
-    if not draining:
+    reserve = gpu.gpu_uuid in reserved
+    if not draining and not reserve:
         return gpu
     devices = []
     for device in gpu.devices:
-        if _drained(gpu.gpu_uuid, device, draining):
-            taints = [*device.get("taints", ()), {"key": DRAIN_TAINT_KEY, "effect": NO_SCHEDULE}]
-            device = {**device, "taints": sorted(taints, key=lambda t: t["key"])}
+        added = []
+        if draining and _drained(gpu.gpu_uuid, device, draining):
+            added.append({"key": DRAIN_TAINT_KEY, "effect": NO_SCHEDULE})
+        if reserve:
+            added.append({"key": RESERVED_TAINT_KEY, "effect": NO_SCHEDULE})
+        if added:
+            device = {**device, "taints": sorted([*device.get("taints", ()), *added], key=lambda t: t["key"])}
         devices.append(device)
     return replace(gpu, devices=tuple(devices))
 
