@@ -1,11 +1,12 @@
 """A seeded fault campaign against the real control plane: policy churn (create, edit, delete,
 priority flips; an Adaptive policy among the layouts, with claims for 3g slices that only a
-recut serves) while claims are created, allocated by the real scheduler and released, and
-the operator, the node agents and the kube-apiserver are killed (SIGKILL) and restarted at
-random points. Two operator replicas elect a leader through a Lease; the leader is killed
-(``kill-leader``) or frozen past its lease (``freeze-leader``: SIGSTOP, then SIGCONT a little
-after the lease ran out, while the campaign goes on), and the standby is killed
-(``kill-standby``). Invariants are checked all the while:
+recut serves, and claims for both GPUs of a node, for which Adaptive keeps the node tainted)
+while claims are created, allocated by the real scheduler and released, and the operator, the
+node agents and the kube-apiserver are killed (SIGKILL) and restarted at random points. Two
+operator replicas elect a leader through a Lease; the leader is killed (``kill-leader``) or
+frozen past its lease (``freeze-leader``: SIGSTOP, then SIGCONT a little after the lease ran
+out, while the campaign goes on), and the standby is killed (``kill-standby``). Invariants
+are checked all the while:
 
 - no allocated device is destroyed: a claim whose allocation is older than its node's latest
   agent status must find its device in that status (resourceVersions are etcd revisions, so
@@ -65,6 +66,7 @@ ACTIONS = {  # action: weight
     "priority-flip": 1,
     "pod-create": 5,
     "pod-create-slice": 2,  # a claim for a 3g slice: only a MIG layout serves it, so Adaptive recuts for it
+    "pod-create-pair": 1,  # a claim for both GPUs of a node: under Adaptive, a node is kept (tainted) for it
     "pod-delete": 3,
     "kill-operator": 1,  # either replica
     "kill-leader": 1,
@@ -93,6 +95,7 @@ class CampaignReport:
     writes_checked: int = 0  # operator writes set against every replica's terms (never two writers)
     leader_terms: int = 0
     recuts_for_claims: int = 0  # AdaptiveRecut Events: GPUs an Adaptive policy recut for a waiting claim
+    nodes_kept: int = 0  # AdaptiveReserve Events: nodes kept (tainted) for a claim of both their GPUs
 
     @property
     def faults(self) -> int:
@@ -109,7 +112,7 @@ class CampaignReport:
             f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations; "
             f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
             f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}; "
-            f"adaptive recuts for waiting claims: {self.recuts_for_claims}; "
+            f"adaptive recuts for waiting claims: {self.recuts_for_claims}, nodes kept for pairs: {self.nodes_kept}; "
             f"{self.writes_checked} operator writes in {self.leader_terms} leader terms checked for a second writer"
         )
 
@@ -359,10 +362,11 @@ class Campaign:
                     self.pods.append(pod)
                     return True
                 return False
-            case "pod-create-slice":
-                pod = f"s-{self.next_pod}"
+            case "pod-create-slice" | "pod-create-pair":
+                pod = f"s-{self.next_pod}" if action == "pod-create-slice" else f"p-{self.next_pod}"
                 self.next_pod += 1
-                body = pod_with_claim(pod, NAMESPACE, "three-g", on_node(rng.choice(self.nodes)))
+                template = "three-g" if action == "pod-create-slice" else "pair"
+                body = pod_with_claim(pod, NAMESPACE, template, on_node(rng.choice(self.nodes)))
                 if self._apply(body):
                     self.pods.append(pod)
                     return True
@@ -410,8 +414,10 @@ class Campaign:
         await wait_for(lambda: self._kubectl_ok("get", "serviceaccount", "default", "-n", NAMESPACE), timeout=30,
                        message="the campaign namespace's ServiceAccount")
         three_g = f'device.attributes["{DRIVER}"].migProfile == "3g.40gb"'
+        pair = claim_template("pair", NAMESPACE, "whole-gpu.tessera.dev")
+        pair["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
         self.cluster.apply_objects([claim_template("any", NAMESPACE, "gpu.tessera.dev"),
-                                    claim_template("three-g", NAMESPACE, "mig.tessera.dev", three_g)])
+                                    claim_template("three-g", NAMESPACE, "mig.tessera.dev", three_g), pair])
         for node in self.nodes:
             self.cluster.add_node(node, labels={"tessera.dev/test": LABEL})
             self.tessera.agent(node, SIMULATE)
@@ -445,6 +451,8 @@ class Campaign:
             await asyncio.gather(*self.thaws)
             recuts = self._items("events", "-n", NAMESPACE, "--field-selector", "reason=AdaptiveRecut")
             self.report.recuts_for_claims = len(recuts or [])
+            kept = self._items("events", "-n", NAMESPACE, "--field-selector", "reason=AdaptiveReserve")
+            self.report.nodes_kept = len(kept or [])
             await self.release_everything()
             await self.check()
         finally:
