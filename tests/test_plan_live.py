@@ -124,3 +124,10 @@ def test_live_shows_what_an_adaptive_policy_would_recut_for_a_waiting_pod() -> N
     assert f"recut {NODE} GPU 0 to 'halves' (adaptive): recut for claim ml/llm-0" in text
     assert render_adaptive(adaptive_preview(fleet, [adaptive], [claim], [])).endswith("nothing waits: no recut")
     assert adaptive_preview(fleet, [], [claim], [pod]) is None, "no Adaptive policy: no preview"
+
+    pair = {"metadata": {"name": "pair-0", "namespace": "ml"}, "spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": "whole-gpu.tessera.dev", "count": 2}}]}}}
+    waiting = {**pod, "metadata": {"name": "pair", "namespace": "ml"},
+               "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": "pair-0"}]}}
+    text = render_adaptive(adaptive_preview(fleet, [adaptive], [pair], [waiting]))
+    assert f"keep {NODE} for ml/pair-0 (no single GPU can host it" in text

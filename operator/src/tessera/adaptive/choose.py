@@ -101,6 +101,7 @@ class RecutPlan:
     unsatisfiable: tuple[Unsatisfiable, ...]
     waiting: tuple[str, ...]  # claims that fit some layout, but not on a GPU free now
     fragmentation: Fraction  # of the recut GPUs, after their claims are placed
+    kept: Mapping[str, str] = field(default_factory=dict)  # node -> the claim it is kept for (as given)
 
 
 class MenuCache:
@@ -267,7 +268,7 @@ def plan_recuts(
         for p in sorted(planned.values(), key=lambda p: (p.gpu.node, p.gpu.gpu.index))
     )
     score = fragmentation([s for slots in leftover.values() for s in slots], shapes, classes)
-    return RecutPlan(recuts, placed, tuple(unsatisfiable), tuple(waiting), score)
+    return RecutPlan(recuts, placed, tuple(unsatisfiable), tuple(waiting), score, dict(reserved))
 
 
 def _idle_layout(gpu: AdaptiveGpu) -> str | None:

@@ -183,6 +183,8 @@ def render_adaptive(plan: RecutPlan | None) -> str:
         return ""
     lines = ["", "adaptive layouts (claims whose Pods are Unschedulable now):"]
     lines += [f"  recut {r.node} GPU {r.index} to {r.layout!r} ({r.policy}): {r.reason}" for r in plan.recuts]
+    lines += [f"  keep {node} for {claim} (no single GPU can host it; new claims go elsewhere while it waits)"
+              for node, claim in sorted(plan.kept.items())]
     if plan.waiting:
         lines.append(f"  waiting for a free GPU or the recut cap: {', '.join(plan.waiting)}")
     lines += [f"  never: {u.claim}: {u.message}" for u in plan.unsatisfiable]
