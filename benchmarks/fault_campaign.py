@@ -53,6 +53,8 @@ def main() -> int:
         print(report.summary(), flush=True)
         for v in report.violations:
             print(f"  VIOLATION: {v}")
+        for late in report.stale_allocations:
+            print(f"  stale scheduler view (not a violation): {late}")
         failed |= bool(report.violations) or report.restart_writes != 0
         convergence += report.convergence
         faults += report.faults

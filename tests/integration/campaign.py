@@ -90,6 +90,9 @@ class CampaignReport:
     failed_actions: int = 0  # actions the API refused or could not take (the apiserver was down)
     checks: int = 0
     violations: list[str] = field(default_factory=list)
+    # Devices the scheduler allocated after their agent had removed them (``DeviceHistory``):
+    # not a violation of Tessera's, reported apart.
+    stale_allocations: list[str] = field(default_factory=list)
     convergence: list[float] = field(default_factory=list)  # seconds from faults stopping to converged
     restart_writes: float = -1.0
     writes_checked: int = 0  # operator writes set against every replica's terms (never two writers)
@@ -109,7 +112,8 @@ class CampaignReport:
             f"seed {self.seed}: {self.steps} steps, {self.faults} faults injected "
             f"({', '.join(f'{a} {self.actions[a]}' for a in sorted(FAULTS))}), "
             f"{sum(self.actions.values()) - self.faults} other actions ({self.failed_actions} refused while the "
-            f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations; "
+            f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations "
+            f"({len(self.stale_allocations)} stale-view allocations of removed devices apart); "
             f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
             f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}; "
             f"adaptive recuts for waiting claims: {self.recuts_for_claims}, nodes kept for pairs: {self.nodes_kept}; "
@@ -149,10 +153,44 @@ def _rv(body: dict[str, Any]) -> int:
     return int(body["metadata"]["resourceVersion"])
 
 
+class DeviceHistory:
+    """Per claim, from the last look that saw it unallocated on: every device each node's agent
+    status listed at any look since. A claim allocated a device that none of those looks listed
+    was allocated after its agent had removed the device: the scheduler acted on a stale view
+    of the slices (it does after an apiserver restart, until its ResourceSlice informer has
+    listed again; the operator then reports the claim, ``MissingDevice``), not a device
+    destroyed under a claim. A claim never seen unallocated (allocated between two looks)
+    has no history, so a device missing under it always counts as a violation. What this
+    cannot see: a device removed, recreated, allocated and removed again between two looks
+    (a whole handover, grace included, inside one look's interval)."""
+
+    def __init__(self) -> None:
+        self.present: dict[str, dict[str, set[str]]] = {}  # claim uid -> pool -> devices listed
+
+    def observe(self, claims: list[dict[str, Any]], status_of: dict[str, tuple[int, frozenset[str]]]) -> None:
+        uids = set()
+        for claim in claims:
+            uid = str(claim["metadata"].get("uid"))
+            uids.add(uid)
+            if not ((claim.get("status") or {}).get("allocation")):
+                self.present[uid] = {}
+            if uid in self.present:
+                for pool, (_, devices) in status_of.items():
+                    self.present[uid].setdefault(pool, set()).update(devices)
+        for gone in set(self.present) - uids:
+            del self.present[gone]
+
+    def removed_before_allocated(self, claim: dict[str, Any], pool: str, device: str) -> bool:
+        listed = self.present.get(str(claim["metadata"].get("uid")), {})
+        return pool in listed and device not in listed[pool]
+
+
 def check_invariants(layouts: list[dict[str, Any]], claims: list[dict[str, Any]], slices: list[dict[str, Any]],
-                     nodes: set[str]) -> list[str]:
-    """Every invariant that must hold at any instant, on one look at the cluster."""
-    problems = []
+                     nodes: set[str], history: DeviceHistory | None = None) -> tuple[list[str], list[str]]:
+    """Every invariant that must hold at any instant, on one look at the cluster: the problems,
+    and apart from them the allocations the scheduler made from a stale view (see
+    :class:`DeviceHistory`; all count as problems without one)."""
+    problems, stale = [], []
     status_of: dict[str, tuple[int, frozenset[str]]] = {}
     for body in layouts:
         layout = NodeLayout.model_validate({k: body[k] for k in ("apiVersion", "kind", "metadata", "spec", "status")
@@ -160,6 +198,8 @@ def check_invariants(layouts: list[dict[str, Any]], claims: list[dict[str, Any]]
         if layout.status is not None:
             devices = frozenset().union(*(published_device_names(g) for g in layout.status.gpus))
             status_of[layout.metadata.name] = (_rv(body), devices)
+    if history is not None:
+        history.observe(claims, status_of)
     for claim in claims:
         results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
         for r in results:
@@ -168,6 +208,10 @@ def check_invariants(layouts: list[dict[str, Any]], claims: list[dict[str, Any]]
             layout_rv, devices = status_of[r["pool"]]
             if _rv(claim) < layout_rv and r["device"] not in devices:
                 meta = claim["metadata"]
+                if history is not None and history.removed_before_allocated(claim, r["pool"], r["device"]):
+                    stale.append(f"claim {meta['namespace']}/{meta['name']} was allocated {r['pool']}/{r['device']} "
+                                 "after its agent had removed it (a stale scheduler view)")
+                    continue
                 problems.append(f"claim {meta['namespace']}/{meta['name']} holds {r['pool']}/{r['device']}, "
                                 f"which its agent's status (rv {layout_rv}) no longer has")
     seen: dict[tuple[str, str], str] = {}
@@ -180,7 +224,7 @@ def check_invariants(layouts: list[dict[str, Any]], claims: list[dict[str, Any]]
             if key in seen:
                 problems.append(f"device {pool}/{d['name']} is in two slices: {seen[key]} and {s['metadata']['name']}")
             seen[key] = s["metadata"]["name"]
-    return problems
+    return problems, stale
 
 
 def _kept(pool: str, mine: set[str], nodes: set[str]) -> bool:
@@ -238,6 +282,7 @@ class Campaign:
         self.tessera = tessera
         self.rng = random.Random(seed)
         self.report = CampaignReport(seed, 0)
+        self.history = DeviceHistory()
         self.nodes = [f"campaign-{i}" for i in range(nodes)]
         self.pods: list[str] = []
         self.next_pod = 0
@@ -272,9 +317,13 @@ class Campaign:
         if look is None:
             return False
         self.report.checks += 1
-        for problem in check_invariants(*look):
+        problems, stale = check_invariants(*look, history=self.history)
+        for problem in problems:
             if problem not in self.report.violations:
                 self.report.violations.append(problem)
+        for late in stale:
+            if late not in self.report.stale_allocations:
+                self.report.stale_allocations.append(late)
         return True
 
     async def _checker(self) -> None:
