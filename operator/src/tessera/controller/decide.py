@@ -79,12 +79,12 @@ class NodeDecision:
     # operator drops them once published (they are large); their counts stay, for the status.
     devices: tuple[GpuDevices, ...] = ()
     device_counts: Mapping[str, int] = field(default_factory=dict)  # GPU UUID -> devices
-    # Set by the operator once the decision is carried out: the policies' epoch it was made
-    # in, the NodeLayout generation its spec landed in, and the agent status its slices were
-    # published from. A policy is Ready only on what has been published for its latest spec.
     # GPUs (UUIDs) whose devices are published with the reservation taint
     # (``Fleet.adaptive_reserved``): not a drain, the handover never counts them.
     reserved: frozenset[str] = frozenset()
+    # Set by the operator once the decision is carried out: the policies' epoch it was made
+    # in, the NodeLayout generation its spec landed in, and the agent status its slices were
+    # published from. A policy is Ready only on what has been published for its latest spec.
     epoch: int = 0
     spec_generation: int | None = None
     published: NodeLayoutStatus | None = None

@@ -476,9 +476,9 @@ class AdaptiveDemand:
             if before.get(r.claim) != r.node:
                 log.info("keeping a node for a claim that needs several of its GPUs", node=r.node, claim=r.claim)
                 await self._tell(r.claim, "Normal", "AdaptiveReserve",
-                                 f"No node has room for this claim now; node {r.node} is kept for it: new claims "
-                                 f"go elsewhere (its devices carry the {RESERVED_TAINT_KEY} taint) until its "
-                                 "free devices can hold this claim")
+                                 f"Node {r.node} is kept for this claim, which no single GPU can host: until "
+                                 f"its free devices can hold it they carry the {RESERVED_TAINT_KEY} taint, so "
+                                 "new claims go elsewhere")
         return changed
 
     async def _tell(self, claim: str, type_: str, reason: str, message: str) -> None:
