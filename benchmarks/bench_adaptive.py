@@ -488,5 +488,6 @@ def against_targets(seed: int, results: dict[str, dict[str, Any]]) -> str:
 def _less(ours: float, theirs: float) -> str:
     return f"{100 * (1 - ours / theirs):.0f}%" if theirs else "n/a"
 
+
 if __name__ == "__main__":
     main()

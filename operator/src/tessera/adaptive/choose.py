@@ -518,7 +518,7 @@ def plan_reservations(
         if node not in candidates:
             node = min(candidates, key=lambda n: (sum(g.gpu.uuid in busy for g in by_node[n]), n))
         taken.add(node)
-        ready = fit(claim, [s.copy() for s in free.get(node, ())], classes) is not None
+        ready = fit(claim, list(free.get(node, ())), classes) is not None  # fit changes no slot unless told to
         out.append(Reservation(node, claim.key, ready))
     return out
 

@@ -99,7 +99,7 @@ class _Pass:
     lead: float  # seconds of arrivals that forecast the next claims
     cooldown: float  # seconds of arrivals whose free devices stay off back_to_idle (the longest cooldown)
     reservations: list[Reservation]
-    devices: dict[str, frozenset[str]]  # node -> its Adaptive GPUs (UUIDs)
+    node_gpus: dict[str, frozenset[str]]  # node -> its Adaptive GPUs (UUIDs)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class _Gpus:
     gpus: list[AdaptiveGpu]
     under_way: dict[str, int]  # policy -> recuts under way
     free: dict[str, list[Slot]]  # node -> devices no claim holds, of GPUs not being recut
-    devices: dict[str, frozenset[str]]  # node -> its Adaptive GPUs (UUIDs)
+    node_gpus: dict[str, frozenset[str]]  # node -> its Adaptive GPUs (UUIDs)
     busy: frozenset[str]  # UUIDs of GPUs a claim holds or uses
 
 
@@ -298,7 +298,7 @@ class AdaptiveDemand:
         out: list[AdaptiveGpu] = []
         under_way: dict[str, int] = dict.fromkeys(policies, 0)
         free: dict[str, list[Slot]] = {}
-        devices: dict[str, set[str]] = {}  # node -> its Adaptive GPUs
+        node_gpus: dict[str, set[str]] = {}  # node -> its Adaptive GPUs (UUIDs)
         busy_gpus: set[str] = set()
         for node, decision in sorted(self.controller.decisions.items()):
             view = fleet.nodes.get(node)
@@ -331,7 +331,7 @@ class AdaptiveDemand:
                 elif reported is not None:
                     built = slots_of(build_gpu_devices(reported))
                     free.setdefault(node, []).extend(s for s in built if s.name not in held)
-                devices.setdefault(node, set()).add(gpu.uuid)
+                node_gpus.setdefault(node, set()).add(gpu.uuid)
                 busy = gpu.in_use or any(i.in_use for i in gpu.mig_instances) or any(
                     _gpu_index(device) == gpu.index for device in held
                 )
@@ -339,7 +339,7 @@ class AdaptiveDemand:
                     busy_gpus.add(gpu.uuid)
                 cooled = now - choice.since >= policy.spec.adaptive.cooldown_seconds
                 out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
-        return _Gpus(out, under_way, free, {n: frozenset(d) for n, d in devices.items()}, frozenset(busy_gpus))
+        return _Gpus(out, under_way, free, {n: frozenset(u) for n, u in node_gpus.items()}, frozenset(busy_gpus))
 
     def _remembered(self, policy: SharingPolicy, gpu: str, layout: str, now: float) -> _Choice:
         """A GPU this process has not chosen for yet: what the policy's status recorded of it.
@@ -386,7 +386,7 @@ class AdaptiveDemand:
         plan = plan_recuts(pending, gpus, self.classes, left, free=free, recent=self.recent,
                            reserved={r.node: r.claim for r in reservations}, menus=self.menus)
         cooldown = max(p.spec.adaptive.cooldown_seconds for p in policies.values() if p.spec.adaptive)
-        return _Pass(plan, gpus, free, left, self.lead_time(policies), cooldown, reservations, found.devices)
+        return _Pass(plan, gpus, free, left, self.lead_time(policies), cooldown, reservations, found.node_gpus)
 
     def lead_time(self, policies: Mapping[str, SharingPolicy]) -> float:
         """How far back the claims that forecast the next ones reach: twice the time a claim
@@ -465,7 +465,7 @@ class AdaptiveDemand:
         (then untainted, for the scheduler), and nothing reserved elsewhere. The nodes whose
         reservation changed, to reconcile."""
         fleet = self.controller.fleet
-        wanted = {r.node: chosen.devices.get(r.node, frozenset()) for r in chosen.reservations if not r.ready}
+        wanted = {r.node: chosen.node_gpus.get(r.node, frozenset()) for r in chosen.reservations if not r.ready}
         changed = {n for n in set(wanted) | set(fleet.adaptive_reserved)
                    if wanted.get(n) != fleet.adaptive_reserved.get(n)}
         fleet.adaptive_reserved = wanted
