@@ -40,11 +40,11 @@ IDLE_SECONDS = 5.0  # after the first status: let start-up work (and its garbage
 
 
 def memory(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of a process, in KiB."""
+    """VmRSS and VmHWM of a process, and RssAnon (its heaps) and RssFile (code and libraries), in KiB."""
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
             out[key] = int(value.split()[0])
     return out
 
@@ -115,13 +115,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepares", type=int, default=1000)
     parser.add_argument("--simulate", default="1xH100-80GB")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="add to the agent's environment (an allocator setting to compare); NAME= unsets")
     args = parser.parse_args()
+    env: dict[str, str | None] = {}
+    for item in args.env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--env takes NAME=VALUE, not {item!r}")
+        env[name] = value or None
     with tempfile.TemporaryDirectory(prefix="tm-", dir="/tmp") as tmp, LocalCluster.start() as cluster:
         cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml")
         cluster.add_node(NODE)
         processes = TesseraProcesses(cluster, Path(tmp))
         try:
-            agent = processes.agent(NODE, args.simulate)
+            agent = processes.agent(NODE, args.simulate, env=env)
             socket = processes.node_folder(NODE) / "plugins" / "gpu.tessera.dev" / "dra.sock"
             wait(lambda: reported_gpus(cluster) > 0 and socket.is_socket(), 120, "the agent's first status", agent)
             time.sleep(IDLE_SECONDS)
@@ -132,9 +140,13 @@ def main() -> int:
             after = memory(agent.popen.pid)
         finally:
             processes.stop_all()
-    print(f"agent ({sys.executable} -m tessera agent, {args.simulate}, kubelet plugin on)")
-    print(f"  idle after start:             VmRSS {mib(idle['VmRSS'])}  (peak VmHWM {mib(idle['VmHWM'])})")
-    print(f"  after {len(claims)} prepare+unprepare: VmRSS {mib(after['VmRSS'])}  (peak VmHWM {mib(after['VmHWM'])})"
+    settings = "".join(f", {item}" for item in args.env)
+    print(f"agent ({sys.executable} -m tessera agent, {args.simulate}, kubelet plugin on{settings})")
+    def split(kib: dict[str, int]) -> str:
+        return f"anon {mib(kib['RssAnon'])}, file {mib(kib['RssFile'])}; peak VmHWM {mib(kib['VmHWM'])}"
+
+    print(f"  idle after start:             VmRSS {mib(idle['VmRSS'])}  ({split(idle)})")
+    print(f"  after {len(claims)} prepare+unprepare: VmRSS {mib(after['VmRSS'])}  ({split(after)})"
           f"  [{len(claims) / seconds:.0f} prepares/s]")
     return 0
 

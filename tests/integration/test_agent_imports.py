@@ -1,6 +1,7 @@
 """``tessera agent`` runs without kubernetes-asyncio, Kopf or the local cluster's libraries, nor
-aiohttp's web server, prometheus_client (the agent has its own small ``tessera.agent.metrics``) or
-rich (structlog's optional terminal tracebacks), which it has no use for:
+aiohttp's web server, prometheus_client (the agent has its own small ``tessera.agent.metrics``),
+rich (structlog's optional terminal tracebacks) or grpcio (its kubelet plugins serve with
+grpclib, ``tessera.agent.plugin.rpc``), which it has no use for:
 a real agent process (simulated GPUs, kubelet plugin on) runs against the real control plane
 until it has reported its inventory in its NodeLayout's status, stops on SIGTERM, and lists
 the modules it had loaded. The import contract in pyproject.toml checks the import graph; this
@@ -27,7 +28,7 @@ SOURCE = Path(tessera.__file__).resolve().parents[1]
 CRD = Path(__file__).resolve().parents[2] / "crds" / "tessera.dev_nodelayouts.yaml"
 NEVER_IN_THE_AGENT = ("kubernetes_asyncio", "kopf", "cryptography", "tessera.kube.objects", "tessera.controller",
                       "tessera.localcluster", "tessera.cli.operator", "tessera.cli.cluster", "tessera.cli.demo",
-                      "aiohttp.web", "rich", "pygments", "prometheus_client")
+                      "aiohttp.web", "rich", "pygments", "prometheus_client", "grpc")
 PRINT_MODULES_AT_EXIT = (
     "import atexit, json, os, sys\n"
     "atexit.register(lambda: open(os.environ['MODULES_OUT'], 'w').write(json.dumps(\n"
@@ -68,5 +69,6 @@ async def test_a_running_agent_never_loads_kubernetes_asyncio_kopf_operator_code
     assert process.returncode == 0, log.read_text()[-4000:]
     loaded = set(json.loads(modules_out.read_text()))
     assert "tessera.kube.http" in loaded, "the agent talked to the API through its own client"
+    assert "grpclib.server" in loaded, "the agent served its kubelet plugin"
     for name in NEVER_IN_THE_AGENT:
         assert not {m for m in loaded if m == name or m.startswith(f"{name}.")}, f"the agent loaded {name}"

@@ -32,7 +32,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-import grpc
 import structlog
 
 from tessera import RESOURCE_GROUP, RESOURCE_VERSION
@@ -42,15 +41,10 @@ from tessera.agent.nics.naming import FIRST_AUTO, NamingError, configured_names,
 from tessera.agent.nics.report import attach_failures, clear_attach_failure, share_status_entries
 from tessera.agent.nics.shaping import Share
 from tessera.agent.plugin.claims import ClaimError, ClaimReader, ClaimRef, ClaimStatusWriter
-from tessera.agent.plugin.health import health_handler
+from tessera.agent.plugin.health import health_service
 from tessera.agent.plugin.proto import dra_v1_pb2, pluginregistration_v1_pb2
-from tessera.agent.plugin.server import (
-    DRA_V1_SERVICE,
-    REGISTRATION_SERVICE,
-    remove_socket,
-    serve_on_socket,
-    unary_handler,
-)
+from tessera.agent.plugin.rpc import Service, SocketServer, Unary, remove_socket, serve_on_socket
+from tessera.agent.plugin.server import DRA_V1_SERVICE, REGISTRATION_SERVICE
 from tessera.dra.nics import ADDRESSES_ATTRIBUTE, BANDWIDTH_CAPACITY, CEILING_ATTRIBUTE, NIC_DRIVER, nic_device_name
 from tessera.kube.http import KubeClient, resource_path
 from tessera.models.allocation import allocation_results
@@ -238,7 +232,7 @@ class NicKubeletPlugin:
         self.family = family
         self.reader = reader
         self.nics = nics
-        self._servers: list[Any] = []
+        self._servers: list[SocketServer] = []
         self.health = health
         self._stopping = asyncio.Event()
 
@@ -329,16 +323,16 @@ class NicKubeletPlugin:
         if self._status is not None:
             self._watcher = asyncio.create_task(self._report_attach_failures(), name="nic-attach-failures")
         self._servers = [
-            await serve_on_socket(self.config.dra_socket, [self._dra_handler(), *self._health_handlers()]),
-            await serve_on_socket(self.config.registration_socket, [self._registration_handler()]),
+            await serve_on_socket(self.config.dra_socket, [self._dra_service(), *self._health_services()]),
+            await serve_on_socket(self.config.registration_socket, [self._registration_service()]),
         ]
         log.info("NIC kubelet plugin serving", dra_socket=str(self.config.dra_socket))
 
-    def _health_handlers(self) -> list[Any]:
+    def _health_services(self) -> list[Service]:
         if self.health is None:
             return []
         config = self.config
-        return [health_handler(self.health, config.node_name, config.health_refresh_s, self._stopping)]
+        return [health_service(self.health, config.node_name, config.health_refresh_s, self._stopping)]
 
     async def stop(self) -> None:
         self._stopping.set()  # health streams end now, not after the grace period
@@ -354,10 +348,10 @@ class NicKubeletPlugin:
             remove_socket(socket)
         self._servers = []
 
-    def _dra_handler(self) -> Any:
+    def _dra_service(self) -> Service:
         pb = dra_v1_pb2
 
-        async def prepare(request: Any, context: Any) -> Any:
+        async def prepare(request: Any) -> Any:
             response = pb.NodePrepareResourcesResponse()
             first_auto = FIRST_AUTO  # one call: one Pod's claims, in its order (see naming)
             for claim in request.claims:
@@ -376,29 +370,23 @@ class NicKubeletPlugin:
                     )
             return response
 
-        async def unprepare(request: Any, context: Any) -> Any:
+        async def unprepare(request: Any) -> Any:
             response = pb.NodeUnprepareResourcesResponse()
             for claim in request.claims:
                 ref = ClaimRef(claim.namespace, claim.name, claim.uid)
                 response.claims[claim.uid].error = await self.unprepare(ref)
             return response
 
-        return grpc.method_handlers_generic_handler(
-            DRA_V1_SERVICE,
-            {
-                "NodePrepareResources": unary_handler(
-                    prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse
-                ),
-                "NodeUnprepareResources": unary_handler(
-                    unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse
-                ),
-            },
-        )
+        return Service(DRA_V1_SERVICE, {
+            "NodePrepareResources": Unary(prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse),
+            "NodeUnprepareResources": Unary(
+                unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse),
+        })
 
-    def _registration_handler(self) -> Any:
+    def _registration_service(self) -> Service:
         pb = pluginregistration_v1_pb2
 
-        async def get_info(request: Any, context: Any) -> Any:
+        async def get_info(request: Any) -> Any:
             return pb.PluginInfo(
                 type="DRAPlugin",
                 name=NIC_DRIVER,
@@ -406,18 +394,15 @@ class NicKubeletPlugin:
                 supported_versions=["v1.DRAPlugin"],
             )
 
-        async def notify(request: Any, context: Any) -> Any:
+        async def notify(request: Any) -> Any:
             if not request.plugin_registered:
                 log.error("kubelet refused the NIC plugin's registration", error=request.error)
             return pb.RegistrationStatusResponse()
 
-        return grpc.method_handlers_generic_handler(
-            REGISTRATION_SERVICE,
-            {
-                "GetInfo": unary_handler(get_info, pb.InfoRequest, pb.PluginInfo),
-                "NotifyRegistrationStatus": unary_handler(notify, pb.RegistrationStatus, pb.RegistrationStatusResponse),
-            },
-        )
+        return Service(REGISTRATION_SERVICE, {
+            "GetInfo": Unary(get_info, pb.InfoRequest, pb.PluginInfo),
+            "NotifyRegistrationStatus": Unary(notify, pb.RegistrationStatus, pb.RegistrationStatusResponse),
+        })
 
 
 def _write_json(path: Path, body: Mapping[str, Any]) -> None:

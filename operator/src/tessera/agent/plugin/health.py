@@ -7,7 +7,7 @@ The kubelet opens one stream per plugin and shows what it hears in
 it has heard nothing about it for 30 s, so the stream sends every device of the node on
 connect, again at once on every change (a GPU goes unhealthy or lost, or recovers; a link goes
 down; a new layout publishes other devices), and again every ``refresh_s`` seconds in between.
-``health_response`` is the pure part; ``health_handler`` is the gRPC service either plugin adds
+``health_response`` is the pure part; ``health_service`` is the gRPC service either plugin adds
 to its DRA socket.
 Not for: deciding health (``tessera.agent.health``, ``tessera.agent.nics.health``).
 """
@@ -20,10 +20,9 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import grpc
-
 from tessera.agent.health import DeviceHealth, HealthSource
 from tessera.agent.plugin.proto import dra_health_v1alpha1_pb2 as pb
+from tessera.agent.plugin.rpc import ServerStream, Service
 
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 MAX_MESSAGE = 1024  # what the kubelet keeps
@@ -70,20 +69,12 @@ async def watch_resources(
         source.unsubscribe(changed)
 
 
-def health_handler(source: HealthSource, pool: str, refresh_s: float, stopping: asyncio.Event) -> Any:
+def health_service(source: HealthSource, pool: str, refresh_s: float, stopping: asyncio.Event) -> Service:
     """The ``DRAResourceHealth`` service over ``source``'s devices of ``pool``."""
 
-    async def stream(request: Any, context: Any) -> AsyncIterator[Any]:  # grpc wants an async generator function
-        async for message in watch_resources(source, pool, refresh_s, stopping):
-            yield message
+    def stream(request: Any) -> AsyncIterator[pb.NodeWatchResourcesResponse]:
+        return watch_resources(source, pool, refresh_s, stopping)
 
-    return grpc.method_handlers_generic_handler(
-        HEALTH_SERVICE,
-        {
-            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
-                stream,
-                request_deserializer=pb.NodeWatchResourcesRequest.FromString,
-                response_serializer=pb.NodeWatchResourcesResponse.SerializeToString,
-            )
-        },
-    )
+    return Service(HEALTH_SERVICE, {
+        "NodeWatchResources": ServerStream(stream, pb.NodeWatchResourcesRequest, pb.NodeWatchResourcesResponse),
+    })

@@ -7,7 +7,7 @@ reports back with ``NotifyRegistrationStatus``. It then calls ``NodePrepareResou
 same service; v1 adds a device's share ID). Every claim of a request gets an answer: its CDI
 device IDs, or an error for that claim only. The same socket serves the device-health stream
 ``v1alpha1.DRAResourceHealth/NodeWatchResources`` (``tessera.agent.plugin.health``) from the
-agent's ``HealthTracker``.
+agent's ``HealthTracker``. The servers are ``tessera.agent.plugin.rpc``'s (grpclib).
 
 ``KubeletPlugin`` is what the agent process starts and stops; ``serve_plugin`` runs one until
 told to stop. The DRA socket is served before the registration socket appears, so the kubelet
@@ -18,7 +18,6 @@ Not for: the work of preparing (``tessera.agent.plugin.prepare``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import grpc
 import structlog
 
 from tessera import DRIVER_NAME
@@ -43,13 +41,14 @@ from tessera.agent.plugin.claims import (
     KubeClaimStatusWriter,
 )
 from tessera.agent.plugin.hardware import PluginBackend
-from tessera.agent.plugin.health import health_handler
+from tessera.agent.plugin.health import health_service
 from tessera.agent.plugin.prepare import ClaimPreparer, PreparerSettings
 from tessera.agent.plugin.proto import (
     dra_v1_pb2,
     dra_v1beta1_pb2,
     pluginregistration_v1_pb2,
 )
+from tessera.agent.plugin.rpc import RpcAbortError, Service, SocketServer, Unary, remove_socket, serve_on_socket
 from tessera.agent.plugin.steps import PluginMetrics
 from tessera.agent.plugin.watched import ClaimCopies
 from tessera.kube.http import KubeClient
@@ -156,8 +155,8 @@ class KubeletPlugin:
             claim_view,
         )
         self.registration = RegistrationState()
-        self._dra_server: Any = None
-        self._registration_server: Any = None
+        self._dra_server: SocketServer | None = None
+        self._registration_server: SocketServer | None = None
         self._log = log.bind(node=config.node_name, driver=config.driver_name)
 
     @property
@@ -218,13 +217,13 @@ class KubeletPlugin:
         self._dra_server = await serve_on_socket(
             self.config.dra_socket,
             [
-                _dra_handler(DRA_V1_SERVICE, dra_v1_pb2, self, with_share_id=True),
-                _dra_handler(DRA_V1BETA1_SERVICE, dra_v1beta1_pb2, self, with_share_id=False),
-                health_handler(self.health, self.config.node_name, self.config.health_refresh_s, self.stopping),
+                _dra_service(DRA_V1_SERVICE, dra_v1_pb2, self, with_share_id=True),
+                _dra_service(DRA_V1BETA1_SERVICE, dra_v1beta1_pb2, self, with_share_id=False),
+                health_service(self.health, self.config.node_name, self.config.health_refresh_s, self.stopping),
             ],
         )
         self._registration_server = await serve_on_socket(
-            self.config.registration_socket, [_registration_handler(self)]
+            self.config.registration_socket, [_registration_service(self)]
         )
         self._log.info(
             "kubelet plugin serving",
@@ -257,7 +256,7 @@ class KubeletPlugin:
 
     # -- registration RPCs --
 
-    async def get_info(self, request: Any, context: Any) -> pluginregistration_v1_pb2.PluginInfo:
+    async def get_info(self, request: Any) -> pluginregistration_v1_pb2.PluginInfo:
         return pluginregistration_v1_pb2.PluginInfo(
             type=PLUGIN_TYPE,
             name=self.config.driver_name,
@@ -266,14 +265,14 @@ class KubeletPlugin:
         )
 
     async def notify_registration_status(
-        self, status: pluginregistration_v1_pb2.RegistrationStatus, context: Any
+        self, status: pluginregistration_v1_pb2.RegistrationStatus
     ) -> pluginregistration_v1_pb2.RegistrationStatusResponse:
         self.registration.registered = status.plugin_registered
         self.registration.error = status.error
         self.registration.changed.set()
         if not status.plugin_registered:
             self._log.error("kubelet refused the plugin's registration", error=status.error)
-            await context.abort(grpc.StatusCode.UNKNOWN, f"failed registration process: {status.error}")
+            raise RpcAbortError(f"failed registration process: {status.error}")
         self._log.info("registered with the kubelet")
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
@@ -282,10 +281,10 @@ def _refs(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
-def _dra_handler(service: str, pb: Any, plugin: KubeletPlugin, with_share_id: bool) -> Any:
+def _dra_service(name: str, pb: Any, plugin: KubeletPlugin, with_share_id: bool) -> Service:
     """The DRA service in one API version; ``pb`` is that version's generated module."""
 
-    async def prepare(request: Any, context: Any) -> Any:
+    async def prepare(request: Any) -> Any:
         outcomes = await plugin.prepare_claims(_refs(request))
         response = pb.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
@@ -304,61 +303,27 @@ def _dra_handler(service: str, pb: Any, plugin: KubeletPlugin, with_share_id: bo
                     answer.share_id = device.share_id
         return response
 
-    async def unprepare(request: Any, context: Any) -> Any:
+    async def unprepare(request: Any) -> Any:
         outcomes = await plugin.unprepare_claims(_refs(request))
         response = pb.NodeUnprepareResourcesResponse()
         for uid, outcome in outcomes.items():
             response.claims[uid].error = outcome.error
         return response
 
-    return grpc.method_handlers_generic_handler(
-        service,
-        {
-            "NodePrepareResources": unary_handler(
-                prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse
-            ),
-            "NodeUnprepareResources": unary_handler(
-                unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse
-            ),
-        },
-    )
+    return Service(name, {
+        "NodePrepareResources": Unary(prepare, pb.NodePrepareResourcesRequest, pb.NodePrepareResourcesResponse),
+        "NodeUnprepareResources": Unary(
+            unprepare, pb.NodeUnprepareResourcesRequest, pb.NodeUnprepareResourcesResponse),
+    })
 
 
-def _registration_handler(plugin: KubeletPlugin) -> Any:
+def _registration_service(plugin: KubeletPlugin) -> Service:
     pb = pluginregistration_v1_pb2
-    return grpc.method_handlers_generic_handler(
-        REGISTRATION_SERVICE,
-        {
-            "GetInfo": unary_handler(plugin.get_info, pb.InfoRequest, pb.PluginInfo),
-            "NotifyRegistrationStatus": unary_handler(
-                plugin.notify_registration_status, pb.RegistrationStatus, pb.RegistrationStatusResponse
-            ),
-        },
-    )
-
-
-def unary_handler(handler: Callable[[Any, Any], Awaitable[Any]], request_type: Any, response_type: Any) -> Any:
-    return grpc.unary_unary_rpc_method_handler(
-        handler, request_deserializer=request_type.FromString, response_serializer=response_type.SerializeToString
-    )
-
-
-def remove_socket(socket: Path) -> None:
-    """Make way for a socket: its folder exists, no stale socket file is left in it."""
-    socket.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        socket.unlink()
-
-
-async def serve_on_socket(socket: Path, handlers: list[Any]) -> Any:
-    """A grpc.aio server on a unix socket (a stale socket file from a crash is replaced)."""
-    remove_socket(socket)
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers(handlers)
-    if not server.add_insecure_port(f"unix://{socket}"):
-        raise OSError(f"cannot listen on {socket}")
-    await server.start()
-    return server
+    return Service(REGISTRATION_SERVICE, {
+        "GetInfo": Unary(plugin.get_info, pb.InfoRequest, pb.PluginInfo),
+        "NotifyRegistrationStatus": Unary(
+            plugin.notify_registration_status, pb.RegistrationStatus, pb.RegistrationStatusResponse),
+    })
 
 
 async def serve_plugin(
