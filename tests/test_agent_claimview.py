@@ -60,3 +60,17 @@ def test_a_long_node_name_gives_a_valid_fence_name() -> None:
     long = fence_claim_name("x" * 253)
     assert len(long) <= 253
     assert long != fence_claim_name("x" * 252 + "y")
+
+
+def test_a_held_claim_keeps_all_but_its_managed_fields() -> None:
+    claims = view()
+    mine = claim("mine", (DRIVER, "node-a", "gpu-0"))
+    mine["metadata"]["managedFields"] = [{"manager": "kubelet", "operation": "Apply", "fieldsV1": {"f:status": {}}}]
+    mine["metadata"]["uid"] = "u-1"
+    claims.feed("ADDED", mine)
+    held = claims.claim_copy("ml", "mine")
+    assert held is not None
+    assert "managedFields" not in held["metadata"]
+    assert held["metadata"] == {"namespace": "ml", "name": "mine", "resourceVersion": "1", "uid": "u-1"}
+    assert held["status"] == mine["status"]
+    assert "managedFields" in mine["metadata"], "the event's own body is left as it came"

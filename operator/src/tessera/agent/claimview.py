@@ -56,6 +56,15 @@ def fence_claim_name(node: str) -> str:
     return f"tessera-fence-{node[:200]}-{hashlib.sha256(node.encode()).hexdigest()[:16]}"
 
 
+def _without_managed_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A claim as held here: ``metadata.managedFields`` (who wrote which field: often the larger
+    part of a claim the kubelet plugin has written status to) is of no use to the agent."""
+    meta = body.get("metadata") or {}
+    if "managedFields" not in meta:
+        return body
+    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 class FenceError(Exception):
     """The claims could not be proved current (the fence was not written, or not seen in time)."""
 
@@ -118,7 +127,7 @@ class ClaimView:
                 asyncio.get_running_loop().create_task(self._notify())
             return
         if kind != "DELETED" and self._names_this_node(body):
-            self._held[key] = body
+            self._held[key] = _without_managed_fields(body)
         else:
             self._held.pop(key, None)
 
