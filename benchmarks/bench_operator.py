@@ -470,6 +470,7 @@ async def settle(process: TesseraProcess, quiet: float, timeout: float) -> dict[
 def stop_operator(processes: TesseraProcesses, process: TesseraProcess) -> None:
     process.stop(timeout=30)
     processes.processes.remove(process)
+    print(stall_report(process), flush=True)
 
 
 def print_profile(path: Path, top: int = 30) -> None:
@@ -858,6 +859,8 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
             print(f"-- {process.name} log ends --\n{process.tail(20)}", file=sys.stderr)
         raise
     finally:
+        for process in processes.processes:
+            print(stall_report(process), flush=True)
         await published.stop()
         if fleet is not None:
             await fleet.stop()
@@ -866,7 +869,34 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         await asyncio.to_thread(cluster.stop)
 
 
+def stall_report(process: TesseraProcess) -> str:
+    """The operator's event-loop stalls (``tessera.controller.stallwatch``) from its log: how
+    many, the longest, and the stack the watch saw during the longest that was caught in time."""
+    ended: list[float] = []
+    stacks: list[tuple[float, str]] = []
+    with contextlib.suppress(OSError):
+        for line in process.log.read_text(errors="replace").splitlines():
+            if "event loop stall" not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if entry.get("event") == "event loop stall ended":
+                    ended.append(float(entry["seconds"]))
+                elif entry.get("event") == "event loop stalled":
+                    stacks.append((float(entry["seconds"]), str(entry.get("stack", ""))))
+    if not ended:
+        return f"{process.name}: no event-loop stall over the watch's threshold"
+    text = (f"{process.name}: {len(ended)} event-loop stalls, longest {max(ended):.1f} s, "
+            f"{sum(ended):.1f} s in all")
+    if stacks:
+        text += "\n  stack seen during a stall (innermost last):\n" + "\n".join(
+            "    " + row for row in max(stacks)[1].splitlines()[-24:])
+    return text
+
+
 def print_table(results: list[Result]) -> None:
+    if not results:
+        return
     rows = list(dict.fromkeys(k for r in results for k in r.figures))
     head = ["N nodes (x 8 GPUs)"] + [str(r.nodes) for r in results]
     width0 = max(len(head[0]), *(len(k) for k in rows))

@@ -228,3 +228,31 @@ async def test_sweeps_and_events_mixed_at_random_reconcile_every_node_asked_for_
     for node, calls in asked_after.items():
         assert node in reconcile.calls[calls:], f"seed {seed}: {node} asked for and not reconciled after"
 
+
+
+async def test_a_sweep_of_reconciles_that_never_await_still_lets_the_loop_run_between_nodes() -> None:
+    """Nothing to write means a reconcile that completes without awaiting anything: the workers
+    still yield between nodes, so the loop's other work (a Lease renewal, a watch) goes on."""
+    done: list[str] = []
+    ticks_at: list[int] = []
+
+    async def reconcile(node: str) -> None:
+        done.append(node)
+
+    async def other_work() -> None:
+        while True:
+            ticks_at.append(len(done))
+            await asyncio.sleep(0)
+
+    queue = WorkQueue(reconcile, workers=2)
+    ticker = asyncio.create_task(other_work())
+    await asyncio.sleep(0)
+    try:
+        queue.enqueue(*[f"node-{i}" for i in range(200)], bulk=True)
+        queue.start()
+        await until(lambda: len(done) == 200, "every node reconciled")
+    finally:
+        ticker.cancel()
+        await queue.stop()
+    between = [n for n in ticks_at if 0 < n < 200]
+    assert len(set(between)) >= 50, "the other task ran between the nodes, not only before and after"

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tessera.controller.leadership import Leadership, LeaseSettings
 from tessera.kube.fence import NotLeading, WriteFence
 from tessera.kube.http import KubeClient, resource_path
 from tessera.kube.lease import LeaseElector, LeaseTiming
@@ -173,6 +174,45 @@ async def test_a_shut_fence_refuses_a_write_before_it_reaches_the_apiserver(clus
         fence.open_until(time.monotonic() + 30)
         await client.delete(f"{path}/{name}")
         assert fence.refused == 2
+
+
+class Follower:
+    """What Leadership drives: records lead() and follow() as the operator's loop runs them."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def lead(self) -> None:
+        self.calls.append("lead")
+
+    def follow(self) -> None:
+        self.calls.append("follow")
+
+
+async def test_a_leader_whose_loop_is_held_past_the_renew_deadline_keeps_its_lease(
+        cluster: LocalCluster, lease_name: str) -> None:
+    """The elector renews from its own thread: CPU-bound work on the operator's loop for twice
+    the renew deadline costs the leadership nothing (before, the leader lost its own lease)."""
+    leadership = Leadership(LeaseSettings(namespace=NAMESPACE, name=lease_name, identity="busy", timing=FAST),
+                            str(cluster.kubeconfig))
+    follower = Follower()
+    leadership.start(follower)  # type: ignore[arg-type]  # a Controller's lead/follow only
+    try:
+        await wait_for(lambda: follower.calls == ["lead"], timeout=10, interval=0.05, message="busy to lead")
+        renewed = read_lease(cluster, lease_name)["spec"]["renewTime"]
+        time.sleep(FAST.renew_deadline * 2)  # noqa: ASYNC251  # the point: the loop held, no await for 6 s
+        assert leadership.fence.is_open(), "the fence stayed open: renewals went on while the loop was held"
+        await asyncio.sleep(0.1)
+        assert follower.calls == ["lead"]
+        spec = read_lease(cluster, lease_name)["spec"]
+        assert (spec["holderIdentity"], spec.get("leaseTransitions", 0)) == ("busy", 0)
+        assert spec["renewTime"] != renewed
+        assert leadership.role() == "leader"
+    finally:
+        await leadership.stop()
+    assert follower.calls == ["lead", "follow"], "stop hands over: the work is told to follow"
+    assert not leadership.fence.is_open()
+    assert read_lease(cluster, lease_name)["spec"]["holderIdentity"] == "", "released on stop"
 
 
 # -- two operator processes ----------------------------------------------------------------

@@ -23,6 +23,7 @@ from tessera import API_GROUP
 from tessera.controller.leadership import Leadership, LeaseSettings
 from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
+from tessera.controller.stallwatch import StallWatch
 from tessera.kube.http import RETRY_BACKOFF
 from tessera.kube.lease import LeaseTiming
 from tessera.kube.objects import CLAIMS, POLICIES, Api
@@ -92,6 +93,8 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.watching.inactivity_timeout = idle_timeout_from_environment()
     settings.networking.error_backoffs = list(RETRY_BACKOFF)  # Tessera's one retry schedule
+    memo.stallwatch = StallWatch()  # says when and where the loop (and so the Lease) is held up
+    memo.stallwatch.start()
     leadership = _leadership(memo)
     ready_port = int(os.environ.get("TESSERA_READY_PORT", "0"))
     grace = float(os.environ.get("TESSERA_HANDOVER_GRACE", DEFAULT_HANDOVER_GRACE))
@@ -116,6 +119,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
         await _controller(memo).stop()
     if getattr(memo, "leadership", None) is not None:
         await memo.leadership.stop()
+    if getattr(memo, "stallwatch", None) is not None:
+        await memo.stallwatch.stop()
 
 
 # -- SharingPolicies ---------------------------------------------------------------------

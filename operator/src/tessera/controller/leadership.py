@@ -27,8 +27,16 @@ Design (the short version of DESIGN.md's "Two operators, one leader"):
   Controller reconciles every node from the view it already holds. A clean shutdown releases
   the lease (empty holder), so a rolling update hands over at once.
 
+- **The Lease does not wait on the work.** The elector runs on an event loop of its own, in a
+  thread, with its own client: a stretch of CPU-bound work on the operator's loop (a restart's
+  reconciles at 5,000 nodes held it for longer than the renew deadline, so the leader lost its
+  own lease, dropped its work, took the lease back, and began again, for as long as we watched)
+  cannot hold a renewal back. The fence is a deadline read at each write, so it needs no
+  handing over; the elector's callbacks (lead, follow) are passed to the operator's loop.
+
 This module builds the pieces for one process (the fenced client, the elector and its own
-client, the metrics, ``/readyz``) and connects the elector's callbacks to the Controller.
+client and thread, the metrics, ``/readyz``) and connects the elector's callbacks to the
+Controller.
 Not for: the election's rules (``tessera.kube.lease``), the fence (``tessera.kube.fence``), or
 what a leader does (``tessera.controller.runtime``).
 """
@@ -39,7 +47,9 @@ import asyncio
 import contextlib
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -103,10 +113,12 @@ class Leadership:
         self._lease_client = KubeClient.from_environment(kubeconfig)  # never fenced, never queued behind writes
         identity = settings.identity or default_identity(os.environ.get("POD_NAME"), socket.gethostname())
         self.elector = LeaseElector(self._lease_client, settings.namespace, settings.name, identity, self.fence,
-                                    timing=settings.timing, on_started_leading=self._started,
-                                    on_stopped_leading=self._stopped, on_observed=self._observed)
+                                    timing=settings.timing, on_started_leading=self._on_loop(self._started),
+                                    on_stopped_leading=self._on_loop(self._stopped), on_observed=self._observed)
         self.controller: Controller | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the operator's
+        self._thread: threading.Thread | None = None  # the elector's, with its loop and client
+        self._halt = threading.Event()
         self._site: web.AppRunner | None = None
         LEADER.set(0)
 
@@ -115,20 +127,51 @@ class Leadership:
         return self.elector.identity
 
     def start(self, controller: Controller) -> None:
-        """Campaign for the lease; the Controller leads while this replica holds it."""
+        """Campaign for the lease (in the elector's thread); the Controller leads while this
+        replica holds it."""
         self.controller = controller
-        self._task = asyncio.create_task(self.elector.run(), name="tessera-leader-election")
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._campaign(),),
+                                        name="tessera-leader-election", daemon=True)
+        self._thread.start()
+
+    async def _campaign(self) -> None:
+        """The elector's thread: run it until ``stop``, then hand the lease over."""
+        election = asyncio.create_task(self.elector.run(), name="tessera-leader-election")
+        halt = asyncio.ensure_future(asyncio.to_thread(self._halt.wait))
+        try:
+            await asyncio.wait({election, halt}, return_when=asyncio.FIRST_COMPLETED)
+            if election.done() and not election.cancelled() and election.exception() is not None:
+                log.error("the leader election ended", error=repr(election.exception()))
+        finally:
+            election.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await election
+            await self.elector.release()
+            await self._lease_client.close()
+            self._halt.set()  # so that the waiting thread ends when the election did first
+            await halt
+
+    def _on_loop(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """``callback``, called from the elector's thread, run on the operator's loop (in order)."""
+
+        def call() -> None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(callback)
+
+        return call
 
     async def stop(self) -> None:
         """Stop campaigning and hand the lease over (the fence shuts first)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self.elector.release()
+        self.fence.shut()
+        self._halt.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+        else:
+            await self._lease_client.close()  # never started: the thread would have closed it
         if self._site is not None:
             await self._site.cleanup()
-        await self._lease_client.close()
         await self.client.close()
 
     def role(self) -> str:

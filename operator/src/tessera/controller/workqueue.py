@@ -172,6 +172,10 @@ class WorkQueue:
                 if node in self._again:
                     self._again.discard(node)
                     self.enqueue(node)
+            # A reconcile with nothing to write never awaits anything real, and neither does
+            # taking the next node from a full queue: without this, a restart's sweep of every
+            # node ran as one stretch (6.9 s at 1,000 nodes) and held up the whole loop.
+            await asyncio.sleep(0)
 
     def _retry(self, node: str, why: str) -> None:
         RECONCILES.labels("error").inc()
