@@ -41,7 +41,7 @@ import structlog
 from tessera import RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.kube.claims import FENCE_ANNOTATION, list_resource_claims, write_claim_fence
 from tessera.kube.http import ApiError, KubeClient
-from tessera.kube.watch import ListWatch
+from tessera.kube.watch import ListWatch, without_managed_fields
 from tessera.models.allocation import allocation_results
 
 log = structlog.get_logger("tessera.agent")
@@ -54,15 +54,6 @@ def fence_claim_name(node: str) -> str:
     if len(name) <= MAX_NAME:
         return name
     return f"tessera-fence-{node[:200]}-{hashlib.sha256(node.encode()).hexdigest()[:16]}"
-
-
-def _without_managed_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """A claim as held here: ``metadata.managedFields`` (who wrote which field: often the larger
-    part of a claim the kubelet plugin has written status to) is of no use to the agent."""
-    meta = body.get("metadata") or {}
-    if "managedFields" not in meta:
-        return body
-    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 class FenceError(Exception):
@@ -127,7 +118,7 @@ class ClaimView:
                 asyncio.get_running_loop().create_task(self._notify())
             return
         if kind != "DELETED" and self._names_this_node(body):
-            self._held[key] = _without_managed_fields(body)
+            self._held[key] = without_managed_fields(body)
         else:
             self._held.pop(key, None)
 

@@ -45,7 +45,7 @@ from tessera.dra.diff import plan_slice_writes
 from tessera.dra.slices import MANAGED_BY, MANAGED_BY_LABEL, NodeRef, ResourceSlice, build_slices_from_devices
 from tessera.kube.http import ApiError
 from tessera.kube.objects import Api
-from tessera.kube.watch import metadata_stub
+from tessera.kube.watch import metadata_stub, without_managed_fields
 
 log = structlog.get_logger("tessera.operator")
 
@@ -89,7 +89,7 @@ class CachedSlice:
     @classmethod
     def of(cls, body: Mapping[str, Any], matches: bytes | None = None) -> CachedSlice:
         meta = body.get("metadata") or {}
-        kept = {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        kept = without_managed_fields(body)
         generation = int(((body.get("spec") or {}).get("pool") or {}).get("generation", 0))
         return cls(str(meta["name"]), meta.get("uid"), meta.get("resourceVersion"), generation,
                    zlib.compress(json.dumps(kept, separators=(",", ":")).encode(), PACK_LEVEL), matches)

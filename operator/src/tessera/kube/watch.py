@@ -81,6 +81,15 @@ OnEvent = Callable[[str, dict[str, Any]], None]  # (ADDED | MODIFIED | DELETED, 
 Stub = Callable[[Mapping[str, Any]], dict[str, Any] | None]  # None: not kept (its deletion is not told)
 
 
+def without_managed_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """An object as kept in memory: ``metadata.managedFields`` (who wrote which field, often the
+    larger part of an object several writers touched) is of no use to what Tessera keeps."""
+    meta = body.get("metadata") or {}
+    if "managedFields" not in meta:
+        return dict(body)
+    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 def metadata_stub(body: Mapping[str, Any]) -> dict[str, Any]:
     """What is kept of an object to announce its deletion after a relist: who it was."""
     meta = body.get("metadata") or {}
