@@ -6,6 +6,7 @@ and the agent says clearly when no host answers or the host refused."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,6 +96,36 @@ def test_the_host_runs_only_the_programs_it_knows(host: MpsHost) -> None:
         agent.start("GPU-c")
     assert (host.root / "GPU-c" / LAUNCH_ERROR).exists()
     assert agent.state("GPU-c") is DaemonState.ABSENT
+
+
+def test_an_error_caught_half_written_is_read_again_not_reported_empty(tmp_path: Path) -> None:
+    """The host's reason appears whole (written aside, then renamed); an agent that still meets
+    an empty file, as CI once did ("the MPS host could not: "), waits for the words."""
+    agent = MpsDaemons(tmp_path / "mps", ["/bin/sh"], NoDetachRunner(), ready_timeout_s=10, host_program="nvidia")
+    folder = agent.folder("GPU-e")
+    folder.mkdir(parents=True)
+
+    def host_writes_slowly() -> None:
+        while not (folder / LAUNCH_REQUEST).exists():
+            time.sleep(0.005)
+        (folder / LAUNCH_ERROR).write_text("")  # opened, not yet written
+        time.sleep(0.2)
+        (folder / LAUNCH_ERROR).write_text("nvidia-cuda-mps-control: GPU-e is not in MPS-capable mode")
+
+    writer = threading.Thread(target=host_writes_slowly)
+    writer.start()
+    with pytest.raises(BackendError, match=r"the MPS host could not: nvidia-cuda-mps-control: GPU-e is not"):
+        agent.start("GPU-e")
+    writer.join()
+
+
+def test_the_host_writes_its_reason_whole(host: MpsHost) -> None:
+    folder = host.root / "GPU-f"
+    folder.mkdir(parents=True)
+    (folder / LAUNCH_REQUEST).write_text('{"program": "/bin/sh"}')
+    assert host.serve_once() == []
+    assert "unknown MPS program '/bin/sh'" in (folder / LAUNCH_ERROR).read_text()
+    assert sorted(p.name for p in folder.iterdir()) == [LAUNCH_ERROR], "no request and no half-written file left"
 
 
 def test_without_a_host_the_agent_says_which_pod_to_look_for(tmp_path: Path) -> None:

@@ -250,7 +250,8 @@ class MpsDaemons:
             if self.host_program is not None:
                 with contextlib.suppress(OSError):
                     refused = (self.folder(device_uuid) / LAUNCH_ERROR).read_text().strip()
-                    raise BackendError(f"{what}: the MPS host could not: {refused}")
+                    if refused:  # the host writes it whole (rename); empty is a host still writing
+                        raise BackendError(f"{what}: the MPS host could not: {refused}")
             if time.monotonic() > deadline:
                 if self.host_program is not None:
                     with contextlib.suppress(OSError):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -85,8 +86,10 @@ class MpsHost:
                 started.append(device_uuid)
             except BackendError as e:
                 log.warning("could not start an MPS daemon", device=device_uuid, error=str(e))
-                with contextlib.suppress(OSError):
-                    (request.parent / LAUNCH_ERROR).write_text(str(e))
+                with contextlib.suppress(OSError):  # whole or not at all: the agent may read it any moment
+                    tmp = request.parent / (LAUNCH_ERROR + ".tmp")
+                    tmp.write_text(str(e))
+                    os.replace(tmp, request.parent / LAUNCH_ERROR)
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     request.unlink()
