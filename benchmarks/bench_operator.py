@@ -4,9 +4,12 @@
         [--concurrency 16] [--timeout 900] [--history] [--profile DIR]
     .venv/bin/python benchmarks/bench_operator.py --nodes 1000,2000,5000   # as far as the machine holds
     .venv/bin/python benchmarks/bench_operator.py --nodes 1000,2000 --restart-only
+    .venv/bin/python benchmarks/bench_operator.py --nodes 5000 --restart-only --restart-layout mig
 
-``--restart-only`` runs only the first start (every GPU Exclusive) and the no-op restart, and
-prints ``restart N=<n>: <w> writes, <c> objects changed, ready <s>, peak RSS <m> MiB (<k> KiB/node)``.
+``--restart-only`` runs only the first start (every GPU Exclusive; with ``--restart-layout mig``
+the policy is applied before it, so every GPU is cut to MIG all-balanced at once, without the
+rollout's handover) and the no-op restart, and prints
+``restart N=<n>: <w> writes, <c> objects changed, ready <s>, peak RSS <m> MiB (<k> KiB/node)``.
 
 Per N it also prints two lines a script can compare across runs:
 ``rollout/floor N=<n>: <ratio>x (rollout <s> s, floor <s> s)`` and
@@ -54,8 +57,9 @@ pool of passes (``--concurrency``), no health thread, no HTTP server and no 30 s
 into a no-op).
 
 ``--history`` prints every SharingPolicy status the rollout went through (as a watch saw it).
-``--profile DIR`` runs the first operator of each N under cProfile and prints its hottest
-functions (the profile also lands in DIR). Not a test: it prints figures and asserts nothing,
+``--profile DIR`` runs the first and the restarted operator of each N under cProfile and prints
+their hottest functions (the profiles also land in DIR; cProfile slows them, so their figures
+are not the benchmark's). Not a test: it prints figures and asserts nothing,
 but says "FAIL" where a no-op resync wrote something.
 """
 
@@ -101,6 +105,12 @@ POLICY = "bench-all-balanced"
 GPUS_PER_NODE = 8
 EXCLUSIVE: tuple[str, ...] = ("gpu",)
 ALL_BALANCED: tuple[str, ...] = ("1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb")
+MIG_POLICY = {  # what the rollout applies: every node, static MIG all-balanced
+    "apiVersion": "tessera.dev/v1alpha1",
+    "kind": "SharingPolicy",
+    "metadata": {"name": POLICY},
+    "spec": {"nodeSelector": {"matchLabels": {LABEL: "fleet"}}, "strategy": "MIG", "mig": {"preset": "all-balanced"}},
+}
 WRITES = "tessera_operator_api_writes_total"
 RECONCILED = 'tessera_operator_reconciles_total{result="ok"}'
 FAILED = 'tessera_operator_reconciles_total{result="error"}'
@@ -431,14 +441,18 @@ class Published:
 # -- the operator -----------------------------------------------------------------------------
 
 
+OPERATOR_ENV: dict[str, str] = {}  # --operator-env: added to every operator's environment
+
+
 def start_operator(processes: TesseraProcesses, name: str, profile: Path | None) -> TesseraProcess:
     """``python -m tessera operator`` as TesseraProcesses starts it, optionally under cProfile."""
     if profile is None:
-        return processes.operator(name)
+        return processes.operator(name, env=OPERATOR_ENV)
     processes.folder.mkdir(parents=True, exist_ok=True)
     log_file = processes.folder / f"{name}.log"
     metrics, health = free_port(), free_port()
-    env = {**os.environ, "KUBECONFIG": str(processes.cluster.kubeconfig), "TESSERA_LOG_JSON": "1"}
+    env = {**os.environ, "KUBECONFIG": str(processes.cluster.kubeconfig), "TESSERA_LOG_JSON": "1",
+           "TESSERA_LEASE_NAMESPACE": "default", **OPERATOR_ENV}
     argv = [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "tessera", "operator",
             "--metrics-port", str(metrics), "--health-port", str(health)]
     with log_file.open("ab") as out:
@@ -681,7 +695,8 @@ async def measure_restart(n: int, kube: KubeClient, processes: TesseraProcesses,
         print(f"-- cProfile of the first operator (N={n}), {profile} --")
         print_profile(profile)
     t1 = time.monotonic()
-    restarted = start_operator(processes, "operator-restarted", None)
+    restart_profile = profile.with_name(f"operator-restarted-n{n}.prof") if profile is not None else None
+    restarted = start_operator(processes, "operator-restarted", restart_profile)
 
     def reconciled() -> dict[str, float] | None:
         m = restarted.metrics()
@@ -702,11 +717,15 @@ async def measure_restart(n: int, kube: KubeClient, processes: TesseraProcesses,
     )
     fig["resync: reconciles"] = f"{int(resynced.get(RECONCILED, 0))}"
     fig["operator peak RSS (VmHWM), restarted"] = mib(proc_status(restarted.popen.pid, "VmHWM"))
+    fig["operator RSS once quiet (VmRSS), restarted"] = mib(proc_status(restarted.popen.pid, "VmRSS"))
     rss = proc_status(restarted.popen.pid, "VmHWM")
     print(f"restart N={n}: {sum(writes.values()):.0f} writes, {len(changed)} objects changed, ready "
           f"{fig['resync: start -> N reconciled + status pass']}, peak RSS {rss / 2**20:.0f} MiB "
           f"({rss / 1024 / n:.0f} KiB/node)", flush=True)
     stop_operator(processes, restarted)
+    if restart_profile is not None:
+        print(f"-- cProfile of the restarted operator (N={n}), {restart_profile} --")
+        print_profile(restart_profile)
 
 
 async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
@@ -744,17 +763,21 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         print(f"agent fleet ready: {n} NodeLayouts report {GPUS_PER_NODE} GPUs", flush=True)
         published.start()
 
-        # The operator's first start: no policy, so every GPU becomes Exclusive and is published.
+        # The operator's first start: no policy, so every GPU becomes Exclusive and is published
+        # (with --restart-layout mig, the policy is there first and every GPU is cut at once).
+        first_layout, first_name = (ALL_BALANCED, "MIG") if args.restart_layout == "mig" else (EXCLUSIVE, "Exclusive")
+        if args.restart_layout == "mig":
+            cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(MIG_POLICY))
         profile = Path(args.profile) / f"operator-n{n}.prof" if args.profile else None
         t = time.monotonic()
         operator = start_operator(processes, "operator", profile)
-        await wait_until(lambda: published.complete(nodes, EXCLUSIVE) == n, phase_timeout,
-                         "the operator to publish every node's Exclusive GPUs")
-        fig["first start: all Exclusive slices published"] = f"{time.monotonic() - t:.1f}s"
+        await wait_until(lambda: published.complete(nodes, first_layout) == n, phase_timeout,
+                         f"the operator to publish every node's {first_name} GPUs")
+        fig[f"first start: all {first_name} slices published"] = f"{time.monotonic() - t:.1f}s"
         before = await settle(operator, quiet=3.0, timeout=phase_timeout)
         put_writes(fig, "first start: operator API writes", writes_of(before))
-        print(f"operator published {n * GPUS_PER_NODE} Exclusive slices", flush=True)
-        if args.restart_only:  # no rollout, no floor: restart over the Exclusive fleet
+        print(f"operator published {n * GPUS_PER_NODE} {first_name} GPUs", flush=True)
+        if args.restart_only:  # no rollout, no floor: restart over the fleet as it is
             await measure_restart(n, kube, processes, operator, profile, phase_timeout, result)
             fig["bench process peak RSS (fleet + watch)"] = mib(proc_status(os.getpid(), "VmHWM"))
             fig["fleet failed passes"] = f"{fleet.failed_passes}"
@@ -762,20 +785,13 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         print("applying the policy", flush=True)
 
         # The policy rollout.
-        policy = {
-            "apiVersion": "tessera.dev/v1alpha1",
-            "kind": "SharingPolicy",
-            "metadata": {"name": POLICY},
-            "spec": {"nodeSelector": {"matchLabels": {LABEL: "fleet"}}, "strategy": "MIG",
-                     "mig": {"preset": "all-balanced"}},
-        }
         slices_before, specs_before = await cluster_state(kube)
         cpu_before = cpu_by_child()
         fleet_writes = fleet.status_writes()
         rollout_writes.recording = True
         fleet.recording = True
         t0 = time.monotonic()
-        cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(policy))
+        cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(MIG_POLICY))
         published_at: float | None = None
 
         def rolled_out() -> bool:
@@ -943,9 +959,20 @@ def main() -> int:
     parser.add_argument("--restart-only", action="store_true",
                         help="only the first start (every GPU Exclusive) and the no-op restart: no policy rollout, "
                         "no floor (the sizes a full run cannot reach in time)")
+    parser.add_argument("--restart-layout", choices=("exclusive", "mig"), default="exclusive",
+                        help="with --restart-only: the fleet the restart finds, every GPU Exclusive (no policy) "
+                        "or MIG all-balanced (the policy applied before the operator's first start)")
+    parser.add_argument("--operator-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set in the operators' environment (an allocator setting to compare); repeatable")
     parser.add_argument("--history", action="store_true", help="print the SharingPolicy status history")
-    parser.add_argument("--profile", default=None, help="run the first operator under cProfile, profiles here")
+    parser.add_argument("--profile", default=None,
+                        help="run the first and the restarted operator under cProfile, profiles here")
     args = parser.parse_args()
+    for item in args.operator_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--operator-env takes NAME=VALUE, not {item!r}")
+        OPERATOR_ENV[name] = value
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
     configure_logging("warning")

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
+import random
 from typing import Any
 
 from tessera.dra.diff import SlicePlan, SliceRef, carry_taint_times, plan_slice_writes, slice_differs
 from tessera.dra.slices import NodeRef, build_node_slices
 from tessera.models.layout import GpuStatus, Health
-from tests.dra_gpus import NODE_UID, dynamic_gpu, every_strategy, gpu, mig_gpu
+from tessera.models.quantity import quantity_value
+from tests.dra_gpus import NODE_UID, dynamic_gpu, every_strategy, gpu, mig_gpu, mps_gpu
 from tests.dra_limits import validate_pool
 
 NODE = NodeRef("gpu-node-1", NODE_UID)
@@ -228,6 +231,90 @@ def test_server_fields_and_quantity_spelling_do_not_count_as_changes() -> None:
     assert not slice_differs(stored, desired)
     stored["spec"]["devices"][0]["attributes"]["index"] = {"int": 9}
     assert slice_differs(stored, desired)
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, (*path, k))]
+    if isinstance(value, list):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, (*path, i))]
+    return [path]
+
+
+def _reference_normal(value: Any, key: str | None = None, in_values: bool = False) -> Any:
+    """The comparable form, computed whole: the plain definition the walk in ``slice_differs``
+    must agree with (quantities by value, empty and None entries dropped)."""
+    if isinstance(value, dict):
+        out = {k: _reference_normal(v, k) for k, v in value.items()}
+        return {k: v for k, v in out.items() if v not in (None, {}, [])}
+    if isinstance(value, list):
+        return [_reference_normal(v, key, key == "validValues") for v in value]
+    if (key in {"value", "default", "min", "max", "step"} or in_values) and not isinstance(value, bool):
+        with contextlib.suppress(ValueError, TypeError):
+            return quantity_value(value)
+    return value
+
+
+def _reference_differs(have: dict[str, Any], want: dict[str, Any]) -> bool:
+    have = _reference_normal(have)
+    wanted = {(str(d["name"]), str(t.get("key"))): t for d in want.get("devices") or [] for t in d.get("taints") or []}
+    for device in have.get("devices") or []:
+        for taint in device.get("taints") or []:
+            if "timeAdded" not in wanted.get((str(device.get("name")), str(taint.get("key"))), {}):
+                taint.pop("timeAdded", None)
+    return bool(have != _reference_normal(want))
+
+
+def _respelled(value: Any, rng: random.Random, key: str | None = None) -> Any:
+    """``value`` as a server or another writer may give it back: the same quantities spelled
+    otherwise, empty entries added, taint times stamped."""
+    if isinstance(value, dict):
+        out = {k: _respelled(v, rng, k) for k, v in value.items()}
+        if rng.random() < 0.05:
+            out[rng.choice(["extra", "note"])] = rng.choice([None, {}, []])
+        if key == "taints" and rng.random() < 0.7:
+            out["timeAdded"] = "2026-12-06T12:00:00Z"
+        return out
+    if isinstance(value, list):
+        return [_respelled(v, rng, key) for v in value]
+    if isinstance(value, str) and (key in {"value", "default", "min", "max", "step"} or key == "validValues"):
+        with contextlib.suppress(ValueError):  # a taint's value is no quantity
+            exact = quantity_value(value)
+            if exact.denominator == 1 and rng.random() < 0.5:
+                value = rng.choice([str(int(exact)), f"{int(exact) * 1000}m"])
+    return value
+
+
+def _one_changed(spec: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """``spec`` with one leaf, chosen at random, replaced by something else."""
+    changed = copy.deepcopy(spec)
+    path = rng.choice(_leaves(changed))
+    parent = changed
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = rng.choice([None, "9", 9, True, {"x": 1}, [], f"9{parent[path[-1]]}"])
+    return changed
+
+
+def test_the_comparison_agrees_with_normalising_everything() -> None:
+    """Seeded: every strategy's slices, drained and not, against respelled, stamped and now and
+    then changed copies of themselves, either way round: ``slice_differs`` says what comparing
+    the whole normal forms says."""
+    rng = random.Random(2212)
+    gpus = [*every_strategy(), mps_gpu(8, values=[10, 25, 50, 100])]
+    built = build_node_slices(NODE, gpus) + build_node_slices(NODE, gpus, {gpus[1].uuid, gpus[3].uuid})
+    seen = {True: 0, False: 0}
+    for _ in range(300):
+        want = rng.choice(built)
+        have = {**want, "spec": _respelled(want["spec"], rng)}
+        if rng.random() < 0.5:
+            have["spec"] = _one_changed(have["spec"], rng)
+        if rng.random() < 0.2:  # the built side with times too (a taint we carry over)
+            want = {**want, "spec": _respelled(want["spec"], random.Random(rng.random()))}
+        expected = _reference_differs(have["spec"], want["spec"])
+        assert slice_differs(have, want) is expected
+        seen[expected] += 1
+    assert min(seen.values()) > 30, seen  # both answers were put to the test
 
 
 def test_a_lost_owner_reference_or_label_is_written_back() -> None:
