@@ -968,6 +968,9 @@ def main() -> int:
     parser.add_argument("--profile", default=None,
                         help="run the first and the restarted operator under cProfile, profiles here")
     args = parser.parse_args()
+    if args.restart_layout != "exclusive" and not args.restart_only:
+        parser.error("--restart-layout is the fleet a --restart-only run restarts over; the full run rolls out "
+                     "from Exclusive itself")
     for item in args.operator_env:
         name, sep, value = item.partition("=")
         if not sep or not name:
