@@ -136,7 +136,8 @@ def _same(have: Any, want: Any, key: str | None = None, *, in_values: bool = Fal
 
     It walks both at once and goes down only where they differ as they are (equal parts are
     compared in C), so a slice the server gave back as written costs one comparison, and a
-    changed one only its changed devices: normalising every field of a large slice took ~5 ms."""
+    changed one only its changed devices. Normalising every field instead was two thirds of the
+    operator's CPU on a restart over MIG nodes."""
     if have == want:
         return True
     if isinstance(have, dict) and isinstance(want, dict):
