@@ -13,6 +13,7 @@ from tessera.controller.publisher import slice_stub
 from tessera.controller.runtime import Controller
 from tessera.kube.http import ApiError
 from tessera.kube.objects import Api
+from tessera.kube.outages import Outages
 from tessera.models.layout import NodeLayoutSpec
 from tests.controller_fleet import NODE, claim_body, layout_body, layout_of, node_body, policy_body
 from tests.dra_gpus import gpu, mig_gpu
@@ -22,7 +23,7 @@ class RecordingController(Controller):
     """A Controller with no API server that records what it enqueues instead of reconciling."""
 
     def __init__(self) -> None:
-        super().__init__(cast(Api, object()))
+        super().__init__(cast(Api, SimpleNamespace(client=SimpleNamespace(outages=Outages()))))
         self.enqueued: list[str] = []
 
     def enqueue(self, *nodes: str, bulk: bool = False) -> None:

@@ -1,6 +1,7 @@
 """The handover's clock (tessera.controller.handover): a GPU is ready for the fresh claims read
-only once its changing devices have been published tainted for the whole grace; the node is
-called back when a grace ends; a GPU that grows its set of changing devices starts afresh."""
+only once its changing devices have been published tainted for the whole grace, and after an
+apiserver outage only once kube-scheduler's informers can be back; the node is called back
+when a grace ends; a GPU that grows its set of changing devices starts afresh."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ import time
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from tessera.controller.decide import NodeDecision
 from tessera.controller.freshclaims import FreshClaims
-from tessera.controller.handover import Handover
+from tessera.controller.handover import Handover, watchers_back_by
 from tessera.controller.state import DrainState
+from tessera.kube.outages import Outages
 from tessera.models.layout import GpuLayout
 from tests.controller_fleet import NODE, claim_body
 
@@ -41,8 +45,69 @@ async def no_claims() -> list[dict[str, Any]]:
     return []
 
 
-def handover(come_back: Callbacks) -> Handover:
-    return Handover(FreshClaims(no_claims), GRACE, come_back)
+def handover(come_back: Callbacks, outages: Outages | None = None) -> Handover:
+    return Handover(FreshClaims(no_claims), GRACE, come_back, outages)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def spells(clock: Clock, *periods: tuple[float, float]) -> Outages:
+    """Outages seen by a client whose calls failed over each (began, ended) period."""
+    outages = Outages(clock)
+    for began, ended in periods:
+        clock.now = began
+        outages.failed()
+        clock.now = (began + ended) / 2
+        outages.answer(503)  # still no answer
+        clock.now = ended
+        outages.answer(404)  # an answer, if not a happy one
+    return outages
+
+
+def test_after_an_outage_the_wait_is_client_gos_longest_next_retry_and_its_catch_up() -> None:
+    clock = Clock()
+    assert watchers_back_by(Outages(clock)) == -math.inf, "no outage, no wait"
+    # 3 s without an answer: an informer's current wait is at most 3.8 s, stretched to 7.6 s by jitter.
+    assert watchers_back_by(spells(clock, (100.0, 103.0))) == 103.0 + 7.6 + 5.0
+    # Spells less than 2 min apart add up (client-go's backoff is not reset in between) ...
+    assert watchers_back_by(spells(clock, (100.0, 103.0), (200.0, 204.0))) == 204.0 + 2 * 7.8 + 5.0
+    # ... a spell after 2 min without one starts afresh, and no wait is longer than 60 s.
+    assert watchers_back_by(spells(clock, (100.0, 103.0), (224.0, 225.0))) == 225.0 + 3.6 + 5.0
+    assert watchers_back_by(spells(clock, (0.0, 600.0))) == 600.0 + 60.0 + 5.0
+
+    under_way = spells(clock, (0.0, 3.0))
+    clock.now = 50.0
+    under_way.failed()
+    assert watchers_back_by(under_way) == math.inf, "while the apiserver does not answer, nothing is handed over"
+
+
+def test_a_taint_published_just_after_an_outage_waits_for_the_schedulers_informers() -> None:
+    """The fault campaign's case: the apiserver was killed, the operator tainted a GPU's devices
+    as it came back, and a 1 s grace later recut the GPU the scheduler went on to allocate from
+    the slices it had before the outage."""
+    clock, come_back = Clock(), Callbacks()
+    outages = spells(clock, (10.0, 13.0))  # back by 13 + 7.6 + 5 = 25.6
+    rooms = handover(come_back, outages)
+    decision = deciding(drain("GPU-a", {"gpu-0"}))
+
+    assert rooms.handed_over(NODE, decision, now=13.1) == {}
+    assert rooms.handed_over(NODE, decision, now=20.0) == {}, "the grace is over, the outage's wait is not"
+    assert come_back.calls[-1] == (NODE, pytest.approx(26.0 - 20.0)), "back at the wave boundary after 25.6"
+    assert rooms.handed_over(NODE, decision, now=25.6) == {"GPU-a": (frozenset({"gpu-0"}), 25.6)}
+
+    clock.now = 30.0
+    outages.failed()  # the apiserver goes again: a GPU cleared before waits once more
+    assert rooms.handed_over(NODE, decision, now=30.5) == {}
+    assert come_back.calls[-1] == (NODE, 1.0), "looked at again while the apiserver is away"
+    clock.now = 31.0
+    outages.answered()
+    assert rooms.handed_over(NODE, decision, now=31.0) == {}, "the second spell's wait"
 
 
 def test_a_gpu_is_ready_only_after_the_grace_since_its_taint_was_published() -> None:

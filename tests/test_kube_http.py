@@ -10,6 +10,7 @@ import base64
 import json
 from pathlib import Path
 
+import aiohttp
 import pytest
 import yaml
 
@@ -142,3 +143,50 @@ async def test_a_connection_that_breaks_mid_call_raises_an_os_error(answer: byte
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_the_client_keeps_the_spells_in_which_the_apiserver_did_not_answer() -> None:
+    """Refused, cut short, 503 and 429 are no answer; any other status ends the spell. A
+    loopback server plays the apiserver's faults (what the real one does when killed is the
+    fault campaign's and ``test_watch_recovery``'s)."""
+    answers = [b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}",
+               b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\n\r\n{}",
+               b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}",
+               b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+               b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"kind\":"]  # cut short
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answers.pop(0))
+        await writer.drain()
+        writer.close()
+
+    refused = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = refused.sockets[0].getsockname()[1]
+    refused.close()
+    await refused.wait_closed()
+    async with KubeClient(Credentials(server=f"http://127.0.0.1:{port}")) as client:
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await client.get("/api/v1/namespaces/x")
+        began = client.outages.since
+        assert began is not None, "a refused connection begins a spell"
+        server = await asyncio.start_server(answer, "127.0.0.1", port)
+        try:
+            for _ in range(2):  # 503, 429
+                with pytest.raises((OSError, ApiError)):
+                    await client.get("/api/v1/namespaces/x")
+                assert client.outages.since == began
+                assert not client.outages.spells
+            with pytest.raises(ApiError):
+                await client.get("/api/v1/namespaces/x")  # 404: the apiserver answers
+            assert client.outages.since is None
+            assert len(client.outages.spells) == 1
+            assert client.outages.spells[0][0] == began
+            await client.get("/api/v1/namespaces/x")
+            assert len(client.outages.spells) == 1, "answers after a spell add none"
+            with pytest.raises(ConnectionLostError):
+                await client.get("/api/v1/namespaces/x")  # cut short
+            assert client.outages.since is not None, "an answer broken off begins a spell"
+        finally:
+            server.close()
+            await server.wait_closed()

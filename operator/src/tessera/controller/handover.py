@@ -10,10 +10,22 @@ shows a claim holding them is (c) the new layout written to NodeLayout.spec (the
 does (a) and (c); ``decide`` judges the holds). The agent checks the claims once more before
 it destroys anything.
 
+After an apiserver outage the grace is not enough: kube-scheduler's informers come back on
+client-go's backoff (a reflector retries after 0.8 s, doubling to 30 s, each wait stretched by
+up to as much again, the doubling reset only after 2 min without a failure: client-go
+``tools/cache/reflector.go``), and until its slice informer has, the scheduler allocates from
+the slices it saw before the outage, a device's taint unseen. So no grace ends before
+``watchers_back_by`` the outages this operator's client saw (``tessera.kube.outages``), and
+none while one is under way. ``benchmarks/bench_stale_scheduler.py`` shows the scheduler doing
+it on the real control plane; the fault campaign caught the operator recutting a GPU the
+scheduler then allocated that way, with a 1 s grace after an apiserver kill. What this cannot
+see: an outage that ended before this operator process started (a standby saw it, and keeps
+what it saw when it comes to lead); there the agent's check and ``MissingDevice`` remain.
+
 This room keeps, per node and GPU, which devices were published tainted and when; it asks
 for the node back (``come_back``) when a grace ends. It does not care why a GPU's layout
-changes: a policy edit, a GPU taken over, or — the adaptive layouts' recut room, when it
-lands — a recut of an idle GPU chosen from a policy's menu. Such a recut reaches the
+changes: a policy edit, a GPU taken over, or a recut of an idle GPU that the adaptive
+layouts chose from a policy's menu (``tessera.adaptive``). Such a recut reaches the
 handover as any other change of the wanted layout does (through ``decide_node``), so it is
 tainted, waited on and checked against fresh claims the same way; no second path exists to
 write a spec.
@@ -26,20 +38,54 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
+from prometheus_client import Gauge
+
 from tessera.controller.decide import NodeDecision
 from tessera.controller.freshclaims import FreshClaims
 from tessera.controller.state import ClaimHold
+from tessera.kube.outages import Outages
 
 Cleared = dict[str, tuple[frozenset[str], float]]  # GPU UUID -> (devices published tainted, grace over at)
+
+REFLECTOR_FIRST_S = 0.8  # client-go's reflector: its first wait after a failed list or watch,
+REFLECTOR_CAP_S = 30.0  # the wait it doubles to (each stretched by up to as much again: jitter 1.0),
+REFLECTOR_RESET_S = 120.0  # and how long without a failure before it starts from the first again
+CATCH_UP_S = 5.0  # a reconnected informer's relist (a large fleet's slices) and a scheduling cycle under way
+
+HELD = Gauge("tessera_operator_handover_held_seconds",
+             "How long no GPU may be handed over yet: kube-scheduler's informers may still be coming back from an "
+             "apiserver outage (+Inf while the apiserver does not answer)")
+
+
+def watchers_back_by(outages: Outages) -> float:
+    """When every client-go informer that lost the apiserver in ``outages`` has listed or
+    watched again (monotonic seconds): -inf after none, inf while one is under way. An informer
+    that failed for ``t`` seconds in a row of spells less than the reset apart waits at most
+    twice ``min(30, t + 0.8)`` before its next try (its waits so far add up to at least its
+    current one less 0.8 s, and the jitter at most doubles it)."""
+    if outages.since is not None:
+        return math.inf
+    failing, ended = 0.0, -math.inf
+    for began, until in outages.spells:
+        if began - ended > REFLECTOR_RESET_S:
+            failing = 0.0
+        failing += until - began
+        ended = until
+    if ended == -math.inf:
+        return ended
+    return ended + 2 * min(REFLECTOR_CAP_S, failing + REFLECTOR_FIRST_S) + CATCH_UP_S
 
 
 class Handover:
     """Taint times per node and GPU, the grace, and the shared fresh read of claims."""
 
-    def __init__(self, fresh_claims: FreshClaims, grace: float, come_back: Callable[[str, float], None]) -> None:
+    def __init__(self, fresh_claims: FreshClaims, grace: float, come_back: Callable[[str, float], None],
+                 outages: Outages | None = None) -> None:
         self.fresh_claims = fresh_claims
         self.grace = grace
         self._come_back = come_back
+        self.outages = Outages() if outages is None else outages  # the operator client's
+        HELD.set_function(lambda: max(0.0, watchers_back_by(self.outages) - time.monotonic()))
         # node -> GPU UUID -> (devices published tainted, when that write was acknowledged)
         self._tainted: dict[str, Cleared] = {}
 
@@ -55,13 +101,16 @@ class Handover:
         for uuid in [u for u in tainted if u not in decision.drains]:
             del tainted[uuid]  # settled, or it became something else: a new handover starts afresh
         ready: Cleared = {}
+        watchers_back = watchers_back_by(self.outages)
         for uuid, drain in handing.items():
             known = tainted.get(uuid)
             if known is None or not drain.devices <= known[0]:
                 known = tainted[uuid] = (drain.devices, now)  # published just now by the caller
-            due = known[1] + self.grace
+            due = max(known[1] + self.grace, watchers_back)
             if due <= now:
                 ready[uuid] = (known[0], due)
+            elif due == math.inf:  # the apiserver is away: look again in a while
+                self._come_back(node, max(self.grace, 1.0))
             else:
                 self._come_back(node, self.wave_end(due) - now)  # the earliest due wins
         if not tainted:

@@ -78,7 +78,8 @@ class Controller:
         self._term_tasks: list[asyncio.Task[None]] = []
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
-        self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later)
+        self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later,
+                                 self.api.client.outages)
         self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
@@ -162,7 +163,8 @@ class Controller:
         What an earlier term of ours proved about handovers counts no more (another leader may
         have written since), and statuses wait for this term's sweep."""
         if self._terms:
-            self.handover = Handover(self.handover.fresh_claims, self.handover.grace, self.queue.later)
+            self.handover = Handover(self.handover.fresh_claims, self.handover.grace, self.queue.later,
+                                     self.handover.outages)
             self._list_asked.clear()
             self.queue.sweep(self.fleet.nodes)
         self._terms += 1

@@ -57,6 +57,7 @@ import aiohttp
 
 from tessera.kube.execauth import ExecPlugin, ExecToken, run_exec_plugin
 from tessera.kube.fence import MUTATING_METHODS, NotLeading, WriteFence
+from tessera.kube.outages import Outages
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # the kubelet rotates projected tokens well before they expire
@@ -252,6 +253,7 @@ class KubeClient:
         self._exec_token: ExecToken | None = None
         self._exec_lock = asyncio.Lock()  # one plugin run at a time, however many requests wait
         self.exec_runs = 0  # how many times the exec plugin ran (tests)
+        self.outages = Outages()  # spells in which no call of this client was answered
 
     def __repr__(self) -> str:
         return f"KubeClient(server={self.credentials.server!r})"
@@ -360,16 +362,20 @@ class KubeClient:
                 elif not 200 <= response.status <= 299:
                     raise ApiError.from_response(response.status, await response.read())
                 else:
-                    async for event in _json_lines(response.content):
-                        kind, obj = str(event.get("type")), event.get("object") or {}
-                        if kind == "ERROR":
-                            if obj.get("code") == 410:
-                                expired = True
-                                break
-                            raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""),
-                                           str(obj.get("message") or ""), obj.get("details"))
-                        if kind != "BOOKMARK" or bookmarks:
-                            yield kind, obj
+                    try:
+                        async for event in _json_lines(response.content):
+                            kind, obj = str(event.get("type")), event.get("object") or {}
+                            if kind == "ERROR":
+                                if obj.get("code") == 410:
+                                    expired = True
+                                    break
+                                raise ApiError(int(obj.get("code") or 500), str(obj.get("reason") or ""),
+                                               str(obj.get("message") or ""), obj.get("details"))
+                            if kind != "BOOKMARK" or bookmarks:
+                                yield kind, obj
+                    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError):
+                        self.outages.failed()  # the stream broke: the apiserver went away mid-watch
+                        raise
             if not expired:
                 return
             if not restart_expired:
@@ -396,6 +402,7 @@ class KubeClient:
             if refused is not None:
                 raise refused from exc
             if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)):
+                self.outages.failed()
                 raise ConnectionLostError(f"{method} {path}: the connection broke before the whole answer came "
                                      f"({exc})") from exc
             raise
@@ -421,8 +428,14 @@ class KubeClient:
             token = await self.bearer_token()
             if token:
                 headers["Authorization"] = f"Bearer {token}"
-            response = await self._session.request(method, self.credentials.server + path, params=query, data=data,
-                                                   headers=headers, ssl=self._ssl, timeout=timeout)
+            try:
+                response = await self._session.request(method, self.credentials.server + path, params=query,
+                                                       data=data, headers=headers, ssl=self._ssl, timeout=timeout)
+            except (aiohttp.ClientConnectionError, OSError) as exc:
+                if _refused_by_fence(exc) is None:
+                    self.outages.failed()
+                raise
+            self.outages.answer(response.status)
             if response.status != 401 or self.credentials.exec_plugin is None or attempt:
                 return response
             # The plugin's token was refused (revoked, or expired early): run it again, once.

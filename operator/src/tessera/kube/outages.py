@@ -1,0 +1,54 @@
+"""When the apiserver could not be reached, as one client saw it: the spells from a call's
+failure (a refused or broken connection, a 5xx, a 429) to the next answer.
+
+What it is for: every other client of the apiserver lost it for the same spell, kube-scheduler
+among them, and a client-go informer comes back on its own backoff, seconds to a minute after
+the apiserver does. Until it has, the scheduler allocates from the slices it saw before the
+spell; the operator's handover reads these spells to wait for it (``tessera.controller.handover``).
+A spell is seen from this client only: its start is this client's first failure (a watch
+breaks at once), its end this client's next answer (which may come a retry later than the
+apiserver's return, so a spell is seen longer, never shorter, than it was, as long as this
+client was calling throughout; a process that started after a spell never saw it).
+Not for: retrying (``tessera.kube.http.retry_delay``) or telling a caller what failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+
+import structlog
+
+log = structlog.get_logger("tessera.kube")
+
+KEPT = 32  # spells remembered: enough to chain every spell of the last minutes
+
+
+class Outages:
+    """Spells without an answer from the apiserver, oldest first, and the one under way."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.since: float | None = None  # when the spell under way began; None: the last call was answered
+        self.spells: deque[tuple[float, float]] = deque(maxlen=KEPT)  # (began, ended), monotonic seconds
+
+    def failed(self) -> None:
+        """A call found no apiserver (refused, broken, 5xx, 429)."""
+        if self.since is None:
+            self.since = self._clock()
+
+    def answered(self) -> None:
+        """A call was answered (any status but 5xx and 429): the spell under way, if any, is over."""
+        if self.since is not None:
+            began, self.since = self.since, None
+            ended = self._clock()
+            self.spells.append((began, ended))
+            log.info("the apiserver answers again", unanswered_s=round(ended - began, 1))
+
+    def answer(self, status: int) -> None:
+        """An HTTP status came back: a 5xx or 429 is no answer yet."""
+        if status >= 500 or status == 429:
+            self.failed()
+        else:
+            self.answered()
