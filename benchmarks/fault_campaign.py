@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -27,16 +28,25 @@ from tessera.localcluster.processes import TesseraProcesses  # noqa: E402
 
 
 async def one(seed: int, steps: int, nodes: int) -> CampaignReport:
-    with LocalCluster.start() as cluster, tempfile.TemporaryDirectory(prefix="tessera-campaign-") as folder:
+    """One seed's campaign; its processes' logs are kept (and named) if it fails or finds a violation."""
+    folder = Path(tempfile.mkdtemp(prefix=f"tessera-campaign-{seed}-"))
+    kept = True
+    with LocalCluster.start() as cluster:
         cluster.apply(ROOT / "crds", ROOT / "manifests" / "deviceclasses.yaml", ROOT / "manifests" / "namespace.yaml")
-        processes = TesseraProcesses(cluster, Path(folder))
+        processes = TesseraProcesses(cluster, folder)
         processes.operator()
         try:
             campaign = Campaign(cluster, processes, seed, nodes)
             await campaign.setup()
-            return await campaign.run(steps)
+            report = await campaign.run(steps)
+            kept = bool(report.violations)
+            return report
         finally:
             processes.stop_all()
+            if kept:
+                print(f"seed {seed}: the processes' logs are in {folder}", flush=True)
+            else:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> int:

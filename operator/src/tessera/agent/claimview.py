@@ -133,8 +133,8 @@ class ClaimView:
         try:
             await write_claim_fence(self.api, self.fence_namespace, self.fence_name, f"{self._boot}-0",
                                     timeout_s=self.timeout_s)
-        except ApiError as error:
-            log.info("could not make the claim fence yet", namespace=self.fence_namespace, error=str(error))
+        except (ApiError, OSError) as error:  # OSError: the apiserver went away meanwhile
+            log.info("could not make the claim fence yet", namespace=self.fence_namespace, error=repr(error))
 
     # -- the guard's read -----------------------------------------------------------------------
 

@@ -240,8 +240,8 @@ class NodeAgent:
             try:
                 await ensure_node_layout(self.api, self.config.node_name)
                 return
-            except (LookupError, ApiError) as e:
-                log.warning("cannot get or create the NodeLayout yet", node=self.config.node_name, error=str(e))
+            except (LookupError, ApiError, OSError) as e:  # OSError: no apiserver (yet), or it went away
+                log.warning("cannot get or create the NodeLayout yet", node=self.config.node_name, error=repr(e))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), timeout=retry_delay(attempt))
                 attempt += 1
