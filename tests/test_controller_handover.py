@@ -64,7 +64,7 @@ def spells(clock: Clock, *periods: tuple[float, float]) -> Outages:
         clock.now = began
         outages.failed()
         clock.now = (began + ended) / 2
-        outages.answer(503)  # still no answer
+        outages.answer(503)  # an apiserver starting: still no answer
         clock.now = ended
         outages.answer(404)  # an answer, if not a happy one
     return outages

@@ -146,13 +146,15 @@ async def test_a_connection_that_breaks_mid_call_raises_an_os_error(answer: byte
 
 
 async def test_the_client_keeps_the_spells_in_which_the_apiserver_did_not_answer() -> None:
-    """Refused, cut short, 503 and 429 are no answer; any other status ends the spell. A
+    """Refused or cut short begins a spell; 503 and 429 neither begin nor end one (an apiserver
+    starting answers so, and so does one whose etcd or webhook fails); any other status ends it. A
     loopback server plays the apiserver's faults (what the real one does when killed is the
     fault campaign's and ``test_watch_recovery``'s)."""
     answers = [b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}",
                b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 2\r\n\r\n{}",
                b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}",
                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+               b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}",
                b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"kind\":"]  # cut short
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -184,6 +186,9 @@ async def test_the_client_keeps_the_spells_in_which_the_apiserver_did_not_answer
             assert client.outages.spells[0][0] == began
             await client.get("/api/v1/namespaces/x")
             assert len(client.outages.spells) == 1, "answers after a spell add none"
+            with pytest.raises(ApiError):
+                await client.get("/api/v1/namespaces/x")  # 503 from an apiserver that is up
+            assert client.outages.since is None, "a 5xx does not begin a spell"
             with pytest.raises(ConnectionLostError):
                 await client.get("/api/v1/namespaces/x")  # cut short
             assert client.outages.since is not None, "an answer broken off begins a spell"

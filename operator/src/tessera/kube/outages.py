@@ -1,5 +1,8 @@
 """When the apiserver could not be reached, as one client saw it: the spells from a call's
-failure (a refused or broken connection, a 5xx, a 429) to the next answer.
+failure (a refused or broken connection) to the next answer. A 5xx or 429 neither begins nor
+ends one: an apiserver that is starting answers so until it serves (the spell that began when
+it went away goes on), and one that is up answers so when etcd or a webhook fails, or when
+priority and fairness turn a request away, none of which takes its watchers away.
 
 What it is for: every other client of the apiserver lost it for the same spell, kube-scheduler
 among them, and a client-go informer comes back on its own backoff, seconds to a minute after
@@ -34,12 +37,12 @@ class Outages:
         self.spells: deque[tuple[float, float]] = deque(maxlen=KEPT)  # (began, ended), monotonic seconds
 
     def failed(self) -> None:
-        """A call found no apiserver (refused, broken, 5xx, 429)."""
+        """A call found no apiserver (refused, or broken off)."""
         if self.since is None:
             self.since = self._clock()
 
     def answered(self) -> None:
-        """A call was answered (any status but 5xx and 429): the spell under way, if any, is over."""
+        """A call was answered: the spell under way, if any, is over."""
         if self.since is not None:
             began, self.since = self.since, None
             ended = self._clock()
@@ -47,8 +50,6 @@ class Outages:
             log.info("the apiserver answers again", unanswered_s=round(ended - began, 1))
 
     def answer(self, status: int) -> None:
-        """An HTTP status came back: a 5xx or 429 is no answer yet."""
-        if status >= 500 or status == 429:
-            self.failed()
-        else:
+        """An HTTP status came back: an answer, unless a 5xx or 429 (which change nothing)."""
+        if status < 500 and status != 429:
             self.answered()
