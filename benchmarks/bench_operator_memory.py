@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/bench_operator_memory.py [--nodes 200] [--simulate 8xH100-80GB]
 
 For N simulated nodes whose GPUs all carry the MIG ``all-balanced`` layout (the agent's own
-``apply_layout`` and ``build_status`` on a ``SimulatedBackend``), it feeds the operator's own
-structures as the watches and a reconcile would, and prints the KiB each holds per node:
+``apply_layout`` and ``build_status`` on a ``SimulatedBackend``) that one SharingPolicy asks for
+(as after ``bench_operator.py``'s rollout; ``--unmanaged`` leaves out the policy), it feeds the
+operator's own structures as the watches and a reconcile would, and prints the KiB each holds
+per node:
 
 - the fleet view (``Fleet.set_node`` + ``Fleet.set_layout``: the parsed NodeLayout);
 - the decision kept per node (``decide_node``, its devices dropped as the Controller does);
@@ -37,6 +39,9 @@ from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
 from tessera.models.policy import Strategy
 
 ALL_BALANCED = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))
+POLICY = {"apiVersion": "tessera.dev/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": "bench"},
+          "spec": {"nodeSelector": {"matchLabels": {"pool": "inference"}}, "strategy": "MIG",
+                   "mig": {"preset": "all-balanced"}}}
 
 
 def node_body(name: str) -> dict[str, Any]:
@@ -70,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--simulate", default="8xH100-80GB")
+    parser.add_argument("--unmanaged", action="store_true", help="no SharingPolicy: every GPU is left as it is")
     args = parser.parse_args()
     configure_logging("warning")
     n = args.nodes
@@ -81,6 +87,8 @@ def main() -> None:
     figures: dict[str, int] = {}
     start = traced()
     fleet = Fleet()
+    if not args.unmanaged:
+        fleet.set_policy(POLICY)
     for node, layout in zip(nodes, layouts, strict=True):
         fleet.set_node(node)
         fleet.set_layout(layout)
@@ -125,7 +133,8 @@ def main() -> None:
 
     del built  # what was published is not held by the operator
     snapshot = tracemalloc.take_snapshot()
-    print(f"{n} nodes x {args.simulate}, MIG all-balanced on every GPU: KiB held per node")
+    managed = "no policy (unmanaged)" if args.unmanaged else "as a MIG policy asks"
+    print(f"{n} nodes x {args.simulate}, MIG all-balanced on every GPU, {managed}: KiB held per node")
     for what, size in figures.items():
         print(f"  {what:48} {size / n / 1024:6.1f}")
     print(f"  {'total':48} {sum(figures.values()) / n / 1024:6.1f}")
