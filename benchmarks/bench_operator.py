@@ -778,6 +778,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         put_writes(fig, "first start: operator API writes", writes_of(before))
         print(f"operator published {n * GPUS_PER_NODE} {first_name} GPUs", flush=True)
         if args.restart_only:  # no rollout, no floor: restart over the fleet as it is
+            fig["operator peak RSS (VmHWM), first start"] = mib(proc_status(operator.popen.pid, "VmHWM"))
             await measure_restart(n, kube, processes, operator, profile, phase_timeout, result)
             fig["bench process peak RSS (fleet + watch)"] = mib(proc_status(os.getpid(), "VmHWM"))
             fig["fleet failed passes"] = f"{fleet.failed_passes}"
