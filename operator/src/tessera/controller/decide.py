@@ -177,34 +177,35 @@ def decide_node(
     plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)], choices)
     drains = dict(previous_drains or {})
     decisions: list[GpuDecision] = []
+    kept_plans: list[GpuPlan] = []
     evict: set[tuple[str, str]] = set()
     for gpu_plan, gpu in zip(plan.for_node(node), sorted(gpus, key=lambda g: (g.index, g.uuid)), strict=True):
+        written = current.for_gpu(gpu.uuid)
         decision = _decide_gpu(
             fleet,
             view,
             gpu_plan,
             gpu,
             published[gpu.uuid],
-            current.for_gpu(gpu.uuid),
+            written,
             holders,
             drains,
             (cleared or {}).get(gpu.uuid, frozenset()),
             now,
         )
         decisions.append(decision)
+        if decision.target is written and gpu_plan.layout is not None and gpu_plan.layout is not written:
+            # The target equals the spec (_decide_gpu keeps the spec's copy): the plan keeps it
+            # too, and the planner's equal copy goes. A decision is kept per node; at 5,000
+            # nodes those copies were ~29 MiB (bench_operator_memory).
+            gpu_plan = replace(gpu_plan, layout=written)
+        kept_plans.append(gpu_plan)
         drain = decision.drain
         if drain is not None and drain.timed_out and _drain_spec(fleet, decision).mode is DrainMode.EVICT:
             for claim in drain.claims:
                 hold = fleet.claims.get(claim)
                 evict.update(hold.pods if hold else ())
-    # The plan keeps the layouts the decisions keep: where a GPU's target is the spec's own copy,
-    # the planner's equal one goes (a decision is kept per node; at 5,000 nodes those copies
-    # were ~29 MiB: bench_operator_memory).
-    plan = replace(plan, gpus=tuple(
-        replace(p, layout=d.target)
-        if d.target is not None and p.layout is not None and d.target is not p.layout and d.target == p.layout else p
-        for p, d in zip(plan.gpus, decisions, strict=True)
-    ))
+    plan = replace(plan, gpus=tuple(kept_plans))
     spec = NodeLayoutSpec(gpus=sorted((d.written for d in decisions if d.written is not None), key=lambda g: g.uuid))
     missing = _missing_devices(node, status, published, holders, decisions)
     counts = {b.gpu_uuid: len(b.devices) for b in built}
