@@ -74,8 +74,8 @@ def _normal(value: Any, key: str | None = None, *, in_values: bool = False) -> A
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            n = _normal(v, k, in_values=False)
-            if n not in (None, {}, []):
+            n = _kept(_normal(v, k, in_values=False))
+            if n is not None:
                 out[k] = n
         return out
     if isinstance(value, list):
