@@ -58,8 +58,10 @@ class Clock:
 
 
 def spells(clock: Clock, *periods: tuple[float, float]) -> Outages:
-    """Outages seen by a client whose calls failed over each (began, ended) period."""
+    """Outages seen by a client that had been answered, and whose calls then failed over each
+    (began, ended) period."""
     outages = Outages(clock)
+    outages.answered()  # the process was up and calling before the first spell
     for began, ended in periods:
         clock.now = began
         outages.failed()
@@ -85,6 +87,37 @@ def test_after_an_outage_the_wait_is_client_gos_longest_next_retry_and_its_catch
     clock.now = 50.0
     under_way.failed()
     assert watchers_back_by(under_way) == math.inf, "while the apiserver does not answer, nothing is handed over"
+
+
+def test_an_outage_the_process_started_into_is_taken_as_long_whatever_it_saw_of_it() -> None:
+    """An operator restarted during an outage sees only its tail: the scheduler's informers may
+    have been failing for minutes and wait up to 60 s for their next try."""
+    clock = Clock()
+    started_into = Outages(clock)
+    clock.now = 100.0
+    started_into.failed()  # the first call of this process finds no apiserver
+    clock.now = 102.0
+    started_into.answer(200)
+    assert started_into.spells[-1].blind
+    assert watchers_back_by(started_into) == 102.0 + 60.0 + 5.0, "not 102 + 2 * 2.8 + 5"
+
+    starting = Outages(clock)  # the apiserver was still starting when this process first called
+    clock.now = 200.0
+    starting.answer(503)
+    assert starting.since == 200.0, "a 5xx before any answer begins a blind spell"
+    clock.now = 201.0
+    starting.answer(429)
+    clock.now = 203.0
+    starting.answer(404)
+    assert list(starting.spells) == [(200.0, 203.0, True)]
+    assert watchers_back_by(starting) == 203.0 + 65.0
+    clock.now = 204.0
+    starting.answer(503)
+    assert starting.since is None, "once answered, a 5xx neither begins nor ends a spell"
+
+    seen = spells(clock, (300.0, 302.0))  # the same tail, for a process that was up before it
+    assert not seen.spells[-1].blind
+    assert watchers_back_by(seen) == 302.0 + 2 * 2.8 + 5.0
 
 
 def test_a_taint_published_just_after_an_outage_waits_for_the_schedulers_informers() -> None:

@@ -184,6 +184,7 @@ async def test_the_client_keeps_the_spells_in_which_the_apiserver_did_not_answer
             assert client.outages.since is None
             assert len(client.outages.spells) == 1
             assert client.outages.spells[0][0] == began
+            assert client.outages.spells[0].blind, "the client never had an answer before it: blind"
             await client.get("/api/v1/namespaces/x")
             assert len(client.outages.spells) == 1, "answers after a spell add none"
             with pytest.raises(ApiError):

@@ -121,8 +121,12 @@ def test_every_namespaced_object_lives_in_the_install_namespace() -> None:
         if doc["kind"] in namespaced:
             assert doc["metadata"]["namespace"] == INSTALL_NAMESPACE, doc["metadata"]["name"]
     roles = [d for d in install() if d["kind"] in ("Role", "RoleBinding")]
-    # Events about cluster-scoped objects go to `default`; the leader's Lease is in the install's.
-    assert {d["metadata"]["namespace"] for d in roles} == {"default", INSTALL_NAMESPACE}
+    # Events about cluster-scoped objects go to `default`; the leader's Lease is in the install's;
+    # the apiservers' identity Leases are read (listed, nothing more) in `kube-system`.
+    assert {d["metadata"]["namespace"] for d in roles} == {"default", INSTALL_NAMESPACE, "kube-system"}
+    identity = one("Role", "tessera-operator-apiserver-identity")
+    assert identity["metadata"]["namespace"] == "kube-system"
+    assert identity["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]}]
     assert one("PodDisruptionBudget", "tessera-operator")["metadata"]["namespace"] == INSTALL_NAMESPACE
 
 

@@ -18,9 +18,13 @@ the slices it saw before the outage, a device's taint unseen. So no grace ends b
 ``watchers_back_by`` the outages this operator's client saw (``tessera.kube.outages``), and
 none while one is under way. ``benchmarks/bench_stale_scheduler.py`` shows the scheduler doing
 it on the real control plane; the fault campaign caught the operator recutting a GPU the
-scheduler then allocated that way, with a 1 s grace after an apiserver kill. What this cannot
-see: an outage that ended before this operator process started (a standby saw it, and keeps
-what it saw when it comes to lead); there the agent's check and ``MissingDevice`` remain.
+scheduler then allocated that way, with a 1 s grace after an apiserver kill. An outage this
+process started into (its first calls failed) may have begun any time before, so it is taken
+as long: 65 s after it ends. One that ended before this process started, it learns of at
+its start from the apiservers' identity Leases (``tessera.kube.apiserverstarts``; a standby
+saw it, and keeps what it saw when it comes to lead). What this cannot see: with several
+apiservers, one restarting while this process talks to another; a cluster whose Leases it may
+not read. There the agent's check and ``MissingDevice`` remain.
 
 This room keeps, per node and GPU, which devices were published tainted and when; it asks
 for the node back (``come_back``) when a grace ends. It does not care why a GPU's layout
@@ -51,6 +55,9 @@ REFLECTOR_FIRST_S = 0.8  # client-go's reflector: its first wait after a failed 
 REFLECTOR_CAP_S = 30.0  # the wait it doubles to (each stretched by up to as much again: jitter 1.0),
 REFLECTOR_RESET_S = 120.0  # and how long without a failure before it starts from the first again
 CATCH_UP_S = 5.0  # a reconnected informer's relist (a large fleet's slices) and a scheduling cycle under way
+STARTING_S = 5.0  # an apiserver's identity Lease is written as it starts; requests may fail a while after
+# An apiserver start longer ago than this is past any informer's wait (a blind spell: 2 * 30 + 5 s after it)
+APISERVER_START_WAIT_S = STARTING_S + 2 * REFLECTOR_CAP_S + CATCH_UP_S
 
 HELD = Gauge("tessera_operator_handover_held_seconds",
              "How long no GPU may be handed over yet: kube-scheduler's informers may still be coming back from an "
@@ -62,14 +69,17 @@ def watchers_back_by(outages: Outages) -> float:
     watched again (monotonic seconds): -inf after none, inf while one is under way. An informer
     that failed for ``t`` seconds in a row of spells less than the reset apart waits at most
     twice ``min(30, t + 0.8)`` before its next try (its waits so far add up to at least its
-    current one less 0.8 s, and the jitter at most doubles it)."""
+    current one less 0.8 s, and the jitter at most doubles it). A blind spell (this process
+    started into it) is taken to have failed long enough for the longest wait: 65 s after it."""
     if outages.since is not None:
         return math.inf
     failing, ended = 0.0, -math.inf
-    for began, until in outages.spells:
+    for began, until, blind in outages.spells:
         if began - ended > REFLECTOR_RESET_S:
             failing = 0.0
         failing += until - began
+        if blind:  # this process started into it: it may have been failing for long already
+            failing = max(failing, REFLECTOR_CAP_S)
         ended = until
     if ended == -math.inf:
         return ended

@@ -41,13 +41,14 @@ from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
 from tessera.controller.demand import PODS, AdaptiveDemand, pod_stub
 from tessera.controller.drains import Drains
 from tessera.controller.freshclaims import FreshClaims
-from tessera.controller.handover import Handover
+from tessera.controller.handover import APISERVER_START_WAIT_S, STARTING_S, Handover
 from tessera.controller.missing import MissingDevices, missing_device_event
 from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice_stub
 from tessera.controller.state import Fleet
 from tessera.controller.statuswriter import PolicyStatusWriter
 from tessera.controller.workqueue import WorkQueue
 from tessera.controller.writes import ApiWrites, NotLeading
+from tessera.kube.apiserverstarts import IDENTITY_SELECTOR, LEASES, started_ago
 from tessera.kube.http import ApiError, retry_delay
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
 from tessera.kube.watch import ListWatch
@@ -90,6 +91,7 @@ class Controller:
         self._watches: list[ListWatch] = []
         # node -> the moment of the fresh claim list it waits for (the handover's)
         self._list_asked: dict[str, float] = {}
+        self._oldest_slice: str | None = None  # creationTimestamp of the oldest slice of ours at start
         # node -> the NodeLayout versions the watch brought while our spec write was in flight
         self._spec_in_flight: dict[str, list[str | None]] = {}
         self.ready = asyncio.Event()
@@ -142,6 +144,7 @@ class Controller:
         for watch in self._watches:  # in this order: the slices are known before the nodes are
             watch.start()
             await watch.listed.wait()
+        await self._learn_apiserver_starts()
         if self.leading.is_set():  # else the first term removes them
             with contextlib.suppress(NotLeading):
                 await self.publisher.remove_orphans(self.fleet.nodes)
@@ -155,6 +158,24 @@ class Controller:
                                                 name="tessera-policy-status")
         self.demand.start()
         self.ready.set()
+
+    async def _learn_apiserver_starts(self) -> None:
+        """An apiserver that started shortly before this process, while slices of ours existed,
+        ended an outage this process did not see: kube-scheduler may still be coming back from
+        it, so the handover holds for it as for one it saw (``tessera.kube.apiserverstarts``).
+        Without leave to read the identity Leases, only the outages this process sees count."""
+        try:
+            leases = await self.api.client.list(LEASES, label_selector=IDENTITY_SELECTOR)
+        except Exception as exc:  # forbidden, or the apiserver away again: not worth failing the start for
+            log.info("cannot read the apiservers' identity leases; an apiserver restart before this process "
+                     "started is not waited for", error=str(exc))
+            return
+        now = time.monotonic()
+        for age in started_ago(leases, self._oldest_slice):
+            if age < APISERVER_START_WAIT_S:
+                log.info("an apiserver started shortly before this process; handovers wait for kube-scheduler",
+                         started_s_ago=round(age, 1))
+                self.api.client.outages.learned(now - age + STARTING_S)
 
     # -- leadership (the elector in tessera.controller.leadership calls these) ---------------
 
@@ -399,6 +420,10 @@ class Controller:
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:
         """A watch event for one of our slices: someone else's change to a node's slices (see
         :meth:`SlicePublisher.seen`) has them planned again; our own writes change nothing."""
+        if not self.ready.is_set():  # the start's list: how long slices of ours have existed
+            created = (body.get("metadata") or {}).get("creationTimestamp")
+            if isinstance(created, str) and (self._oldest_slice is None or created < self._oldest_slice):
+                self._oldest_slice = created
         if self.publisher.seen(event_type, body) and (pool := slice_pool(body)) in self.fleet.nodes:
             self.enqueue(pool)
 
