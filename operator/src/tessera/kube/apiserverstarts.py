@@ -8,7 +8,8 @@ deletes it when the apiserver starts and creates it afresh, so its ``creationTim
 that instance began to serve (a release whose controller only renews the Lease leaves the old
 timestamp, and then no start is seen here: the agent's check and ``MissingDevice`` remain). Its
 ``renewTime`` minus its ``creationTimestamp`` (both the apiserver's own clock, so no clock skew
-enters) is at most how long ago that was, as of the last renewal: an age never overstated.
+enters) is how long it had served at its last renewal: never more than its age now, so a wait
+counted from it is never cut short.
 
 The handover (``tessera.controller.handover``) waits after an outage until kube-scheduler's
 informers can be back; a process that started after the outage ended did not see it, but the
@@ -43,8 +44,9 @@ def _time(text: object) -> datetime | None:
 
 def started_ago(leases: Iterable[Mapping[str, Any]], existed_since: str | None) -> list[float]:
     """For each apiserver whose identity Lease was created after ``existed_since`` (the
-    creationTimestamp of the oldest object of ours; None: nothing of ours existed): at most how
-    many seconds before its last renewal it started. Leases without both times are skipped."""
+    creationTimestamp of the oldest object of ours; None: nothing of ours existed): how many
+    seconds it had served at its last renewal, at least (no more than its age now). Leases
+    without both times are skipped."""
     since = _time(existed_since)
     if since is None:
         return []
