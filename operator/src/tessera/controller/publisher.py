@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import zlib
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import structlog
 
 from tessera.dra.devices import DRIVER, GpuDevices
@@ -72,7 +72,7 @@ def slice_stub(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _digest(built: ResourceSlice) -> bytes:
     """A built slice's fingerprint (builds are deterministic: equal input, equal JSON)."""
-    return hashlib.blake2b(json.dumps(built, separators=(",", ":")).encode(), digest_size=16).digest()
+    return hashlib.blake2b(orjson.dumps(built), digest_size=16).digest()
 
 
 @dataclass(slots=True)
@@ -92,10 +92,10 @@ class CachedSlice:
         kept = without_managed_fields(body)
         generation = int(((body.get("spec") or {}).get("pool") or {}).get("generation", 0))
         return cls(str(meta["name"]), meta.get("uid"), meta.get("resourceVersion"), generation,
-                   zlib.compress(json.dumps(kept, separators=(",", ":")).encode(), PACK_LEVEL), matches)
+                   zlib.compress(orjson.dumps(kept), PACK_LEVEL), matches)
 
     def body(self) -> ResourceSlice:
-        parsed: ResourceSlice = json.loads(zlib.decompress(self.packed))
+        parsed: ResourceSlice = orjson.loads(zlib.decompress(self.packed))
         return parsed
 
 

@@ -134,9 +134,10 @@ class Controller:
             self.demand.claim_seen("ADDED", body)
         client = self.api.client
         self._watches = [
-            ListWatch(client, *SLICES, self.slice_seen, label_selector=OURS, stub=slice_stub),
-            # Pages of 100: a NodeLayout of 8 GPUs is ~15 KB of JSON and ~45 KiB parsed (a real Node
-            # is as large), so a page of 500 would add ~30 MB to the start's peak for nothing.
+            # Pages of 100: a node's slice of 8 MIG GPUs is ~23 KB of JSON, and a NodeLayout of 8
+            # GPUs ~15 KB and ~45 KiB parsed (a real Node is as large), so a page of 500 would add
+            # tens of MB to the start's peak for nothing.
+            ListWatch(client, *SLICES, self.slice_seen, label_selector=OURS, stub=slice_stub, page_size=100),
             ListWatch(client, *NODES, self.node_seen, page_size=100),
             ListWatch(client, *LAYOUTS, self.layout_seen, page_size=100),
             ListWatch(client, *PODS, self.demand.pod_seen, stub=pod_stub),  # adaptive layouts' demand
