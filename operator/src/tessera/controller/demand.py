@@ -65,6 +65,7 @@ from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.devices import RESERVED_TAINT_KEY, build_gpu_devices
+from tessera.models.conditions import parse_rfc3339
 from tessera.models.devices import parse_device_name
 from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import AdaptiveGpuLayout, SharingPolicy, SharingPolicyStatus, Strategy
@@ -136,16 +137,6 @@ class _Choice:
 
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-def _parse_rfc3339(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 PODS = ("", "v1", "pods")
@@ -356,7 +347,7 @@ class AdaptiveDemand:
         rows: list[dict[str, Any]] = status.get("adaptive") or []
         row = next((r for r in rows if r.get("gpu") == gpu and r.get("layout") == layout), {})
         why = str(row.get("reason") or "") or ("idle default" if idle else "kept from before")
-        chosen_at = _parse_rfc3339(row.get("since"))
+        chosen_at = parse_rfc3339(row.get("since"))
         if chosen_at is not None:
             age = max(0.0, (self.wall_clock() - chosen_at).total_seconds())
             return _Choice(layout, why, now - age, _rfc3339(chosen_at))

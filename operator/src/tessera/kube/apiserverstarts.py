@@ -23,23 +23,13 @@ Not for: leader election (``tessera.kube.lease``) or the outages this client saw
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
 from tessera.kube.http import resource_path
+from tessera.models.conditions import parse_rfc3339
 
 IDENTITY_SELECTOR = "apiserver.kubernetes.io/identity=kube-apiserver"
 LEASES = resource_path("coordination.k8s.io", "v1", "leases", namespace="kube-system")
-
-
-def _time(text: object) -> datetime | None:
-    """A Kubernetes timestamp (``2026-12-06T23:21:03Z``, or with microseconds), or None."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def started_ago(leases: Iterable[Mapping[str, Any]], existed_since: str | None) -> list[float]:
@@ -47,13 +37,13 @@ def started_ago(leases: Iterable[Mapping[str, Any]], existed_since: str | None) 
     creationTimestamp of the oldest object of ours; None: nothing of ours existed): how many
     seconds it had served at its last renewal, at least (no more than its age now). Leases
     without both times are skipped."""
-    since = _time(existed_since)
+    since = parse_rfc3339(existed_since)
     if since is None:
         return []
     ages = []
     for lease in leases:
-        created = _time((lease.get("metadata") or {}).get("creationTimestamp"))
-        renewed = _time((lease.get("spec") or {}).get("renewTime"))
+        created = parse_rfc3339((lease.get("metadata") or {}).get("creationTimestamp"))
+        renewed = parse_rfc3339((lease.get("spec") or {}).get("renewTime"))
         if created is None or renewed is None or created <= since:
             continue
         # creationTimestamp is whole seconds (the start was up to 1 s later than it reads): an

@@ -1,7 +1,8 @@
 """Status conditions with Kubernetes' conventions (metav1.Condition) and the one way to set them.
 
 ``set_condition`` keeps ``lastTransitionTime`` unless the status really changes, so a resync
-that finds nothing new writes nothing new. Not for: deciding what a condition says.
+that finds nothing new writes nothing new. The timestamps are RFC 3339 (``now_rfc3339``, and
+``parse_rfc3339`` for any the API sends). Not for: deciding what a condition says.
 """
 
 from __future__ import annotations
@@ -33,6 +34,18 @@ class Condition(KubeModel):
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def parse_rfc3339(text: object) -> datetime | None:
+    """A Kubernetes timestamp (``2026-12-06T23:21:03Z``, a Lease's with microseconds too) as an
+    aware datetime (UTC when it names no zone); None when it is missing or not one."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def set_condition(
