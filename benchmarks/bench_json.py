@@ -1,7 +1,8 @@
 """Benchmark: the standard library's json against orjson on the bodies Tessera reads and writes
 most: a node's ResourceSlice of 8 GPUs cut to MIG (4 devices each), and the NodeLayout status
-the agent reports for it. ``tessera.kube.http`` writes JSON with orjson for these figures (and
-reads it with the standard library: its module head says why).
+the agent reports for it (``bench_operator_memory.layout_body``: all-balanced, as a policy
+asks). ``tessera.kube.http`` writes JSON with orjson for these figures (and reads it with the
+standard library: its module head says why).
 
     .venv/bin/python benchmarks/bench_json.py [--rounds 2000]
 
@@ -14,34 +15,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-from tessera.agent.backends.simulated import SimulatedBackend
-from tessera.agent.reconciler import apply_layout
-from tessera.agent.status import build_status
 from tessera.dra.slices import NodeRef, build_node_slices
 from tessera.log import configure_logging
-from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
-from tessera.models.policy import Strategy
+from tessera.models.layout import NodeLayoutStatus
 
-ALL_BALANCED = (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4))  # bench_operator's preset
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the NodeLayout is bench_operator_memory's
+
+from benchmarks.bench_operator_memory import layout_body  # noqa: E402
 
 
 def bodies() -> dict[str, Any]:
     """A MIG node's slice and NodeLayout status, built by the agent's and the operator's own code."""
-    backend = SimulatedBackend.from_spec("bench", "8xH100-80GB")
-    gpus = backend.inventory().gpus
-    balanced = [PlacedInstance(profile=p, start=s) for p, s in ALL_BALANCED]
-    spec = NodeLayoutSpec(gpus=[GpuLayout(uuid=g.uuid, strategy=Strategy.MIG, mig_instances=balanced) for g in gpus])
-    result = apply_layout(backend, spec)
-    status = build_status(result.inventory, spec, result.plans, backend="simulated", agent_version="bench",
-                          observed_generation=1)
-    (built,) = build_node_slices(NodeRef("bench", "uid"), status)
-    return {"ResourceSlice (8 MIG GPUs)": built, "NodeLayout status (8 MIG GPUs)": status.to_kube()}
+    status = layout_body("bench", "8xH100-80GB")["status"]
+    (built,) = build_node_slices(NodeRef("bench", "uid"), NodeLayoutStatus.model_validate(status))
+    return {"ResourceSlice (8 MIG GPUs)": built, "NodeLayout status (8 MIG GPUs)": status}
 
 
 def per_call(fn: Callable[[Any], object], arg: object, rounds: int) -> float:
