@@ -120,6 +120,19 @@ def test_an_outage_the_process_started_into_is_taken_as_long_whatever_it_saw_of_
     assert watchers_back_by(seen) == 302.0 + 2 * 2.8 + 5.0
 
 
+def test_the_hold_is_unknown_until_the_start_has_read_what_the_process_did_not_see() -> None:
+    """The gauge an admin (and test_watch_recovery) reads: +Inf until the operator's start has
+    added the apiserver starts it learned of, then the wait they make; never 0 in between."""
+    clock, started = Clock(), [False]
+    outages = Outages(clock)
+    rooms = Handover(FreshClaims(no_claims), GRACE, Callbacks(), outages, known=lambda: started[0])
+    assert rooms.held_s(now=10.0) == math.inf, "before the start has read the Leases"
+    outages.learned(12.0)  # an apiserver started 3 s before (its Lease written as it began: + 5 s)
+    started[0] = True
+    assert rooms.held_s(now=10.0) == 12.0 + 65.0 - 10.0
+    assert rooms.held_s(now=100.0) == 0.0
+
+
 def test_a_taint_published_just_after_an_outage_waits_for_the_schedulers_informers() -> None:
     """The fault campaign's case: the apiserver was killed, the operator tainted a GPU's devices
     as it came back, and a 1 s grace later recut the GPU the scheduler went on to allocate from

@@ -61,7 +61,8 @@ APISERVER_START_WAIT_S = STARTING_S + 2 * REFLECTOR_CAP_S + CATCH_UP_S
 
 HELD = Gauge("tessera_operator_handover_held_seconds",
              "How long no GPU may be handed over yet: kube-scheduler's informers may still be coming back from an "
-             "apiserver outage (+Inf while the apiserver does not answer)")
+             "apiserver outage (+Inf while the apiserver does not answer, and until the operator has read, at its "
+             "start, what it did not see itself)")
 
 
 def watchers_back_by(outages: Outages) -> float:
@@ -90,14 +91,25 @@ class Handover:
     """Taint times per node and GPU, the grace, and the shared fresh read of claims."""
 
     def __init__(self, fresh_claims: FreshClaims, grace: float, come_back: Callable[[str, float], None],
-                 outages: Outages | None = None) -> None:
+                 outages: Outages | None = None, known: Callable[[], bool] = lambda: True) -> None:
         self.fresh_claims = fresh_claims
         self.grace = grace
         self._come_back = come_back
         self.outages = Outages() if outages is None else outages  # the operator client's
-        HELD.set_function(lambda: max(0.0, watchers_back_by(self.outages) - time.monotonic()))
+        # Whether ``outages`` holds all there is to know: the operator's start adds the apiserver
+        # starts it did not see (``tessera.kube.apiserverstarts``), and hands nothing over before.
+        self.known = known
+        HELD.set_function(self.held_s)
         # node -> GPU UUID -> (devices published tainted, when that write was acknowledged)
         self._tainted: dict[str, Cleared] = {}
+
+    def held_s(self, now: float | None = None) -> float:
+        """Seconds until a GPU may be handed over, as far as outages go: +Inf while the
+        apiserver does not answer, and until ``known``."""
+        if not self.known():
+            return math.inf
+        now = time.monotonic() if now is None else now
+        return max(0.0, watchers_back_by(self.outages) - now)
 
     def handed_over(self, node: str, decision: NodeDecision, now: float | None = None) -> Cleared:
         """GPUs whose changing devices have been published tainted for at least the grace and

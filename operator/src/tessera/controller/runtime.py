@@ -80,7 +80,7 @@ class Controller:
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
         self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later,
-                                 self.api.client.outages)
+                                 self.api.client.outages, known=lambda: self.ready.is_set())
         self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
@@ -186,7 +186,7 @@ class Controller:
         have written since), and statuses wait for this term's sweep."""
         if self._terms:
             self.handover = Handover(self.handover.fresh_claims, self.handover.grace, self.queue.later,
-                                     self.handover.outages)
+                                     self.handover.outages, self.handover.known)
             self._list_asked.clear()
             self.queue.sweep(self.fleet.nodes)
         self._terms += 1
