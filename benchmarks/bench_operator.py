@@ -60,6 +60,11 @@ pool of passes (``--concurrency``), no health thread, no HTTP server and no 30 s
 (a heartbeat that finds nothing new rewrites an identical status, which the apiserver turns
 into a no-op).
 
+For the rollout and the fastest replay with the agents' writes it also prints the apiserver's
+own counts (its /metrics: requests by verb and resource, watch events sent by kind) and its CPU
+seconds in each replay: whether the rollout costs the apiserver more than the writes it must
+make (extra reads, watchers), or only the same writes at another moment.
+
 ``--history`` prints every SharingPolicy status the rollout went through (as a watch saw it).
 ``--profile DIR`` runs the first and the restarted operator of each N under cProfile and prints
 their hottest functions (the profiles also land in DIR; cProfile slows them, so their figures
@@ -78,6 +83,7 @@ import itertools
 import json
 import os
 import pstats
+import re
 import subprocess
 import sys
 import tempfile
@@ -210,6 +216,11 @@ def cpu_by_child() -> dict[str, float]:
     return out
 
 
+def apiserver_cpu(before: dict[str, float]) -> float:
+    """kube-apiserver's CPU seconds since ``before`` (a :func:`cpu_by_child`)."""
+    return cpu_by_child().get("kube-apiserver", 0.0) - before.get("kube-apiserver", 0.0)
+
+
 def writes_of(metrics: dict[str, float]) -> dict[str, int]:
     """``{'resourceslice/update': 800, ...}`` from the operator's counters (zeros left out)."""
     out: dict[str, int] = {}
@@ -229,6 +240,33 @@ def put_writes(fig: dict[str, str], title: str, writes: dict[str, int]) -> None:
     section = title.split(":", 1)[0]
     for kind, count in sorted(writes.items()):
         fig[f"  {section}: {kind}"] = str(count)
+
+
+def apiserver_counts(cluster: LocalCluster) -> dict[str, float]:
+    """The apiserver's own counters: requests by verb and resource (``PATCH nodelayouts/status``)
+    and watch events sent by kind (``watch events ResourceSlice``), from its /metrics."""
+    out: dict[str, float] = {}
+    for line in cluster.kubectl("get", "--raw", "/metrics").stdout.splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[:line.rindex("}")]))
+            sub = f"/{labels['subresource']}" if labels.get("subresource") else ""
+            key = f"{labels.get('verb', '?')} {labels.get('resource', '?')}{sub}"
+        elif line.startswith("apiserver_watch_events_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line[:line.rindex("}")]))
+            key = f"watch events {labels.get('kind') or labels.get('resource', '?')}"
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def put_counts(fig: dict[str, str], title: str, after: dict[str, float], before: dict[str, float],
+               top: int = 12) -> None:
+    """The largest differences of :func:`apiserver_counts`, one row each."""
+    changed = {k: int(v - before.get(k, 0.0)) for k, v in after.items() if v - before.get(k, 0.0) >= 1}
+    fig[title] = f"{sum(v for k, v in changed.items() if not k.startswith('watch'))} requests"
+    for key, count in sorted(changed.items(), key=lambda kv: -kv[1])[:top]:
+        fig[f"  {title.split(':', 1)[0]}: {key}"] = str(count)
 
 
 def mib(n: int) -> str:
@@ -813,6 +851,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
 
         # The policy rollout.
         state_before = await cluster_state(kube)
+        counts_before = apiserver_counts(cluster)
         cpu_before = cpu_by_child()
         fleet_writes = fleet.status_writes()
         rollout_writes.recording = True
@@ -841,6 +880,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         print(f"agent requests per pass N={n}: {per_pass:.1f}", flush=True)
         quiet_at = time.monotonic() - 3.0
         cpu_after = cpu_by_child()
+        put_counts(fig, "policy: apiserver requests and watch events", apiserver_counts(cluster), counts_before)
         fig["policy -> all 8N slices show MIG layout"] = f"{published_at - t0:.1f}s"
         fig["policy -> Ready, gpusApplied == 8N"] = f"{ready_at - t0:.1f}s"
         fig["policy -> operator quiet"] = f"{quiet_at - t0:.1f}s"
@@ -887,8 +927,10 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         concurrencies = [int(c) for c in str(args.floor_concurrency).split(",")]
         for concurrency in concurrencies:
             await restore(kube, state_before, concurrency)
+            cpu_before = cpu_by_child()
             floors.append(await replay(kube, rollout_writes.writes(), concurrency))
-            fig[f"floor: same writes raw, {concurrency} nodes at once"] = f"{floors[-1]:.1f}s"
+            fig[f"floor: same writes raw, {concurrency} nodes at once"] = (
+                f"{floors[-1]:.1f}s (apiserver CPU {apiserver_cpu(cpu_before):.1f} s)")
         # The floor as issue 22 defines it: the minimal writes, plus one handover grace (a rollout
         # can share one grace among every node, never skip it).
         floor = min(floors) + DEFAULT_HANDOVER_GRACE
@@ -904,8 +946,13 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         with_agents = []
         for concurrency in concurrencies:
             await restore(kube, state_before, concurrency)
+            cpu_before, counts_before = cpu_by_child(), apiserver_counts(cluster)
             with_agents.append(await replay(kube, rollout_writes.writes(with_agents=True), concurrency))
-            fig[f"floor+agents: raw, {concurrency} nodes at once"] = f"{with_agents[-1]:.1f}s"
+            fig[f"floor+agents: raw, {concurrency} nodes at once"] = (
+                f"{with_agents[-1]:.1f}s (apiserver CPU {apiserver_cpu(cpu_before):.1f} s)")
+            if concurrency == concurrencies[-1]:
+                put_counts(fig, "floor+agents: apiserver requests and watch events", apiserver_counts(cluster),
+                           counts_before)
         floor_agents = min(with_agents) + DEFAULT_HANDOVER_GRACE
         fig["rollout / floor with the agents' writes"] = f"{(published_at - t0) / floor_agents:.2f}x"
         print(f"rollout/floor N={n}: {ratio:.2f}x (rollout {published_at - t0:.1f} s, floor {floor:.1f} s)",

@@ -3,10 +3,14 @@ event touches, and how Nodes, NodeLayouts and policies arrive in any order."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tessera import DRIVER_NAME
-from tessera.controller.state import ClaimHold, Fleet, claim_hold
+from tessera.controller.state import ClaimHold, Fleet, Holds, claim_hold
 from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
 from tests.dra_gpus import gpu, mig_gpu
 
@@ -166,6 +170,47 @@ def test_holders_lists_the_claims_on_each_device_of_one_node() -> None:
         "gpu-1": ["default/b"],
     }
     assert fleet.holders("node-3") == {}
+
+
+def _brute_holders(holds: list[ClaimHold], node: str) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = defaultdict(set)
+    for hold in holds:
+        for pool, device in hold.devices:
+            if pool == node:
+                out[device].add(hold.key)
+    return dict(out)
+
+
+POOLS = ("node-a", "node-b", "node-c")
+STEP = st.tuples(
+    st.sampled_from(["set", "remove"]),
+    st.sampled_from(["c1", "c2", "c3", "c4"]),
+    st.lists(st.tuples(st.sampled_from(POOLS), st.sampled_from(["gpu-0", "gpu-1"])), max_size=3),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(STEP, max_size=25), fresh=st.lists(STEP, max_size=5))
+def test_holders_by_the_pool_index_equal_a_scan_of_every_claim(
+    steps: list[tuple[str, str, list[tuple[str, str]]]], fresh: list[tuple[str, str, list[tuple[str, str]]]]
+) -> None:
+    """Claims allocated, moved, released and deleted in any order: each node's holders (the
+    watch's view, indexed by pool, and a fresh list's ``Holds``) are what a scan of every claim
+    finds, and a fleet built from a dict of claims indexes them too."""
+    fleet = Fleet()
+    for verb, name, devices in steps:
+        if verb == "set":
+            fleet.set_claim(claim_body(name, devices))
+        else:
+            fleet.remove_claim("default", name)
+    read = Holds(h for _, name, devices in fresh if (h := claim_hold(claim_body(f"fresh-{name}", devices))))
+    copy = Fleet(claims=dict(fleet.claims))
+    for node in POOLS:
+        want = _brute_holders([*fleet.claims.values(), *read], node)
+        for view in (fleet, copy):
+            got = {device: {h.key for h in holds} for device, holds in view.holders(node, read).items()}
+            assert got == want
+        assert {device: {h.key for h in holds} for device, holds in fleet.holders(node, list(read)).items()} == want
 
 
 # -- Nodes, NodeLayouts, policies ---------------------------------------------------------------

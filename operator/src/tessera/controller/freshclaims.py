@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from tessera.controller.state import ClaimHold, claim_hold
+from tessera.controller.state import Holds, claim_hold
 
 CLAIM_READS = Counter("tessera_operator_claim_reads_total", "Direct reads of every ResourceClaim for a handover")
 
@@ -28,10 +28,10 @@ class FreshClaims:
 
     def __init__(self, read: Callable[[], Awaitable[list[dict[str, Any]]]]) -> None:
         self._read = read
-        self._last: tuple[float, list[ClaimHold]] | None = None
-        self._inflight: tuple[float, asyncio.Task[list[ClaimHold]]] | None = None
+        self._last: tuple[float, Holds] | None = None
+        self._inflight: tuple[float, asyncio.Task[Holds]] | None = None
 
-    def ready(self, moment: float) -> list[ClaimHold] | None:
+    def ready(self, moment: float) -> Holds | None:
         """The holds from the last list if it started at or after ``moment``; else None."""
         if self._last is not None and self._last[0] >= moment:
             return self._last[1]
@@ -42,7 +42,7 @@ class FreshClaims:
         and call ``then`` once it is read; after a failed list, ``retry_after`` seconds later."""
         task = asyncio.ensure_future(self.since(moment))
 
-        def done(finished: asyncio.Future[list[ClaimHold]]) -> None:
+        def done(finished: asyncio.Future[Holds]) -> None:
             if finished.cancelled():
                 return
             if finished.exception() is not None:
@@ -52,7 +52,7 @@ class FreshClaims:
 
         task.add_done_callback(done)
 
-    async def since(self, moment: float) -> list[ClaimHold]:
+    async def since(self, moment: float) -> Holds:
         while True:
             if self._last is not None and self._last[0] >= moment:
                 return self._last[1]
@@ -66,10 +66,10 @@ class FreshClaims:
             task = asyncio.create_task(self._list(started))
             self._inflight = (started, task)
 
-    async def _list(self, started: float) -> list[ClaimHold]:
+    async def _list(self, started: float) -> Holds:
         try:
             CLAIM_READS.inc()
-            holds = [h for body in await self._read() if (h := claim_hold(body)) is not None]
+            holds = Holds(h for body in await self._read() if (h := claim_hold(body)) is not None)
             self._last = (started, holds)
             return holds
         finally:

@@ -46,7 +46,7 @@ from prometheus_client import Gauge
 
 from tessera.controller.decide import NodeDecision
 from tessera.controller.freshclaims import FreshClaims
-from tessera.controller.state import ClaimHold
+from tessera.controller.state import Holds
 from tessera.kube.outages import Outages
 
 Cleared = dict[str, tuple[frozenset[str], float]]  # GPU UUID -> (devices published tainted, grace over at)
@@ -162,7 +162,7 @@ class Handover:
         now = time.monotonic() if now is None else now
         return max(self.wave_end(max(due for _, due in cleared.values())), now - self.grace)
 
-    def claims_since(self, moment: float) -> Awaitable[list[ClaimHold]]:
+    def claims_since(self, moment: float) -> Awaitable[Holds]:
         """Every claim's hold from a list started no earlier than ``moment``."""
         return self.fresh_claims.since(moment)
 

@@ -72,6 +72,26 @@ def claim_hold(body: Mapping[str, Any]) -> ClaimHold | None:
     return ClaimHold(str(meta.get("namespace", "")), str(meta.get("name", "")), devices, pods, str(meta.get("uid", "")))
 
 
+def _pools(hold: ClaimHold | None) -> set[str]:
+    return {pool for pool, _ in hold.devices} if hold is not None else set()
+
+
+class Holds(tuple[ClaimHold, ...]):
+    """Holds read together (a fresh list of every claim), with each pool's at hand: one list
+    serves every node of a handover wave, and a node's decision looks up only its own."""
+
+    by_pool: Mapping[str, tuple[ClaimHold, ...]]
+
+    def __new__(cls, holds: Iterable[ClaimHold] = ()) -> Holds:
+        self = super().__new__(cls, holds)
+        pools: dict[str, list[ClaimHold]] = defaultdict(list)
+        for hold in self:
+            for pool in _pools(hold):
+                pools[pool].append(hold)
+        self.by_pool = {pool: tuple(held) for pool, held in pools.items()}
+        return self
+
+
 @dataclass(frozen=True)
 class DrainState:
     """A GPU whose new layout waits until the devices it would change are handed over: tainted,
@@ -118,6 +138,14 @@ class Fleet:
     # GPUs of a node kept for a waiting claim that needs several of them (``demand``).
     adaptive_reserved: dict[str, frozenset[str]] = field(default_factory=dict)
     pending_claims: set[str] = field(default_factory=set)  # namespace/name: unallocated, on our classes
+    # pool -> namespace/name -> hold: ``claims`` by the node whose devices they hold (kept beside
+    # it by set_claim and remove_claim), so that a node's decision reads its own claims, not the
+    # cluster's (a rollout decides every node three or four times: bench_decide.py).
+    _pool_claims: dict[str, dict[str, ClaimHold]] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for key, hold in self.claims.items():
+            self._reindex(key, None, hold)
 
     # -- updates from watch events ---------------------------------------------------------
 
@@ -203,24 +231,38 @@ class Fleet:
             self.claims.pop(key, None)
         else:
             self.claims[key] = hold
+        self._reindex(key, before, hold)
         if before == hold:
             return set()
-        return {pool for pool, _ in (before.devices if before else frozenset())} | {
-            pool for pool, _ in (hold.devices if hold else frozenset())
-        }
+        return _pools(before) | _pools(hold)
 
     def remove_claim(self, namespace: str, name: str) -> set[str]:
-        self.pending_claims.discard(f"{namespace}/{name}")
-        before = self.claims.pop(f"{namespace}/{name}", None)
-        return {pool for pool, _ in before.devices} if before else set()
+        key = f"{namespace}/{name}"
+        self.pending_claims.discard(key)
+        before = self.claims.pop(key, None)
+        self._reindex(key, before, None)
+        return _pools(before)
+
+    def _reindex(self, key: str, before: ClaimHold | None, after: ClaimHold | None) -> None:
+        for pool in _pools(before) - _pools(after):
+            held = self._pool_claims[pool]
+            del held[key]
+            if not held:
+                del self._pool_claims[pool]
+        if after is not None:
+            for pool in _pools(after):
+                self._pool_claims.setdefault(pool, {})[key] = after
 
     # -- queries ---------------------------------------------------------------------------
 
     def holders(self, node: str, fresh: Iterable[ClaimHold] = ()) -> dict[str, list[ClaimHold]]:
         """Device name → the claims that hold it, for one node's pool: by the watch's view and
-        by ``fresh`` (claims read directly), so a device either view sees held counts as held."""
+        by ``fresh`` (claims read directly), so a device either view sees held counts as held.
+        Costs what the node's claims cost: the watch's are indexed by pool, and so is a fresh
+        list read as :class:`Holds`."""
         out: dict[str, list[ClaimHold]] = defaultdict(list)
-        for hold in chain(self.claims.values(), fresh):
+        mine = fresh.by_pool.get(node, ()) if isinstance(fresh, Holds) else fresh
+        for hold in chain(self._pool_claims.get(node, {}).values(), mine):
             for pool, device in hold.devices:
                 if pool == node and hold not in out[device]:
                     out[device].append(hold)
