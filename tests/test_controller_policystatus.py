@@ -4,13 +4,14 @@ An unchanged status must compare equal to the one written before, or every resyn
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from tessera.controller.decide import NodeDecision, decide_node
-from tessera.controller.policystatus import PolicyTally, policy_status, tally, transitions
+from tessera.controller.policystatus import PolicyTally, TallyMemo, policy_status, tally, transitions
 from tessera.controller.state import Fleet
 from tessera.models.conditions import Condition, ConditionStatus, find_condition
 from tessera.models.layout import GpuLayout
@@ -155,6 +156,51 @@ def test_a_draining_gpu_is_not_applied() -> None:
 
     assert (t.gpus, t.applied) == (1, 0)
     assert t.draining == (f"1 claim on {NODE} GPU 0",)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_memo_of_each_nodes_counts_tallies_what_counting_every_node_again_does(seed: int) -> None:
+    """Status passes over a fleet that changes between them (an agent reports, a claim comes or
+    goes, a spec is pending, a policy changes, a node goes), a changed node decided again or not
+    yet (a pass may come before its reconcile): each pass's tally through the memo equals a count from scratch."""
+    rng = random.Random(seed)
+    nodes = [f"node-{i}" for i in range(4)]
+    fleet = Fleet()
+    fleet.set_policy(policy_body("shared", **TIME_SLICED))
+    fleet.set_policy(policy_body("whole", strategy="Exclusive", gpuSelector={"indices": [1]}))
+    spec = [_sliced(gpu(i).uuid) for i in range(2)]
+    for name in nodes:
+        _add_node(fleet, name, [applied(gpu(i), spec[i]) for i in range(2)], spec, 2, 2)
+    decisions = {d.node: d for d in _decisions(fleet)}
+    memo = TallyMemo()
+    for _ in range(40):
+        touched = rng.sample(nodes, rng.randint(0, 2))
+        for name in touched:
+            match rng.choice(["report", "claim", "release", "drop"]):
+                case "report":
+                    observed = rng.choice([1, 2])
+                    _add_node(fleet, name, [applied(gpu(i), spec[i]) if rng.random() < 0.7 else gpu(i)
+                                            for i in range(2)], spec, 2, observed)
+                case "claim":
+                    fleet.set_claim(claim_body(f"c-{name}", [(name, "gpu-0")]))
+                case "release":
+                    fleet.remove_claim("default", f"c-{name}")
+                case "drop":
+                    fleet.remove_node(name)
+                    fleet.remove_layout(name)
+                    decisions.pop(name, None)
+                    continue
+            # A pass may run before the node's reconcile: the old decision with the new view.
+            if rng.random() < 0.6 and (decision := decide_node(fleet, name, 0.0)) is not None:
+                decisions[name] = decision
+        if rng.random() < 0.2:
+            fleet.set_policy(policy_body("shared", generation=rng.randint(2, 9), strategy="TimeSlicing",
+                                         timeSlicing={"replicas": rng.choice([4, 8])}))
+        pending = {name: rng.random() < 0.2 for name in decisions}
+        for policy in ("shared", "whole", "gone"):
+            assert tally(fleet, policy, decisions.values(), pending, memo) == tally(
+                fleet, policy, decisions.values(), pending)
+        memo.next_pass()
 
 
 # -- conditions ------------------------------------------------------------------------------

@@ -196,7 +196,8 @@ def test_holders_by_the_pool_index_equal_a_scan_of_every_claim(
 ) -> None:
     """Claims allocated, moved, released and deleted in any order: each node's holders (the
     watch's view, indexed by pool, and a fresh list's ``Holds``) are what a scan of every claim
-    finds, and a fleet built from a dict of claims indexes them too."""
+    finds, and a fleet built from a dict of claims indexes them too; so is each node's count of
+    devices held (the fleet metrics')."""
     fleet = Fleet()
     for verb, name, devices in steps:
         if verb == "set":
@@ -211,6 +212,8 @@ def test_holders_by_the_pool_index_equal_a_scan_of_every_claim(
             got = {device: {h.key for h in holds} for device, holds in view.holders(node, read).items()}
             assert got == want
         assert {device: {h.key for h in holds} for device, holds in fleet.holders(node, list(read)).items()} == want
+        held = {device for hold in fleet.claims.values() for pool, device in hold.devices if pool == node}
+        assert fleet.devices_held(node) == copy.devices_held(node) == len(held)
 
 
 # -- Nodes, NodeLayouts, policies ---------------------------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
+from tessera.models.policy import Strategy
 
 
 @dataclass(frozen=True)
@@ -30,13 +31,13 @@ class FleetFigures:
 def fleet_figures(fleet: Fleet, decisions: Iterable[NodeDecision]) -> FleetFigures:
     """GPUs per strategy over every node's reported status; devices published by the latest
     decision of each node, and how many of those a claim holds."""
-    gpus: Counter[str] = Counter()
-    for view in fleet.gpu_nodes():
+    strategies: Counter[Strategy] = Counter()
+    for view in fleet.nodes.values():
         status = view.layout.status if view.layout is not None else None
-        for gpu in status.gpus if status is not None else ():
-            gpus[gpu.strategy.value] += 1
+        if status is not None:
+            strategies.update(gpu.strategy for gpu in status.gpus)
+    gpus = {strategy.value: count for strategy, count in strategies.items()}
     decided = list(decisions)
     published = sum(sum(d.device_counts.values()) for d in decided)
-    nodes = {d.node for d in decided}
-    held = {(pool, device) for hold in fleet.claims.values() for pool, device in hold.devices if pool in nodes}
-    return FleetFigures(dict(sorted(gpus.items())), published, min(len(held), published))
+    held = sum(fleet.devices_held(node) for node in {d.node for d in decided})
+    return FleetFigures(dict(sorted(gpus.items())), published, min(held, published))

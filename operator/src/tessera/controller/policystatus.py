@@ -84,13 +84,71 @@ def _selector_errors(policy: str, decision: NodeDecision) -> list[str]:
     ]
 
 
+def node_tally(fleet: Fleet, policy: str, decision: NodeDecision, spec_pending: bool) -> PolicyTally:
+    """``policy``'s counts on one node (``spec_pending``: its new NodeLayout.spec is not written
+    yet, so its GPUs count as not applied)."""
+    applied_here = gpus = applied = devices = 0
+    errors = [*([decision.plan.policy_errors[policy]] if policy in decision.plan.policy_errors else []),
+              *_selector_errors(policy, decision)]
+    draining: list[str] = []
+    timed_out: list[str] = []
+    blocked: list[str] = []
+    stuck: list[str] = []
+    for gpu in decision.gpus:
+        if gpu.policy != policy:
+            continue
+        applied_here = 1
+        gpus += 1
+        devices += decision.devices_of(gpu.uuid)
+        if gpu.error:
+            errors.append(f"{decision.node} GPU {gpu.index}: {gpu.error}")
+        if gpu.drain is not None and gpu.drain.claims:  # a handover with no claim is not a drain
+            (timed_out if gpu.drain.timed_out else draining).append(gpu.drain.describe())
+        if not spec_pending and _applied(fleet, decision, gpu):
+            applied += 1
+        elif not spec_pending and (why := _blocked(fleet, decision, gpu)):
+            (stuck if why[1] else blocked).append(why[0])
+    return PolicyTally(
+        applied_here, gpus, applied, devices, tuple(decision.plan.conflicts_of(policy)), tuple(errors),
+        tuple(draining), tuple(timed_out), tuple(m.describe() for m in decision.missing if m.policy == policy),
+        tuple(blocked), tuple(stuck),
+    )
+
+
+class TallyMemo:
+    """Each node's :func:`node_tally` per policy, kept while what it was counted from stays
+    the same (the decision and the NodeLayout, both replaced, never changed, when they move,
+    and whether the spec is pending): a status pass then counts again only the nodes that
+    changed since the last, not the whole fleet (35 ms a pass at 1,000 nodes before)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str], tuple[NodeDecision, object, bool, PolicyTally]] = {}
+        self._seen: dict[tuple[str, str], tuple[NodeDecision, object, bool, PolicyTally]] = {}
+
+    def node(self, fleet: Fleet, policy: str, decision: NodeDecision, spec_pending: bool) -> PolicyTally:
+        view = fleet.nodes.get(decision.node)
+        layout = view.layout if view is not None else None
+        key = (policy, decision.node)
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] is decision and kept[1] is layout and kept[2] == spec_pending:
+            part = kept[3]
+        else:
+            part = node_tally(fleet, policy, decision, spec_pending)
+        self._seen[key] = (decision, layout, spec_pending, part)
+        return part
+
+    def next_pass(self) -> None:
+        """Forget what the last pass did not count (nodes gone, policies deleted)."""
+        self._kept, self._seen = self._seen, {}
+
+
 def tally(
-    fleet: Fleet, policy: str, decisions: Iterable[NodeDecision], spec_pending: Mapping[str, bool]
+    fleet: Fleet, policy: str, decisions: Iterable[NodeDecision], spec_pending: Mapping[str, bool],
+    memo: TallyMemo | None = None,
 ) -> PolicyTally:
-    """Counts for ``policy`` over every node's latest decision. ``spec_pending``: nodes whose
-    new NodeLayout.spec is not written yet (their GPUs count as not applied)."""
-    nodes: set[str] = set()
-    gpus = applied = devices = 0
+    """Counts for ``policy`` over every node's latest decision, in node order. ``spec_pending``:
+    nodes whose new NodeLayout.spec is not written yet (their GPUs count as not applied)."""
+    nodes = gpus = applied = devices = 0
     conflicts: list[PolicyConflict] = []
     errors: list[str] = []
     draining: list[str] = []
@@ -99,27 +157,22 @@ def tally(
     blocked: list[str] = []
     stuck: list[str] = []
     for decision in sorted(decisions, key=lambda d: d.node):
-        conflicts.extend(decision.plan.conflicts_of(policy))
-        missing.extend(m.describe() for m in decision.missing if m.policy == policy)
-        if policy in decision.plan.policy_errors:
-            errors.append(decision.plan.policy_errors[policy])
-        errors.extend(_selector_errors(policy, decision))
-        for gpu in decision.gpus:
-            if gpu.policy != policy:
-                continue
-            nodes.add(decision.node)
-            gpus += 1
-            devices += decision.devices_of(gpu.uuid)
-            if gpu.error:
-                errors.append(f"{decision.node} GPU {gpu.index}: {gpu.error}")
-            if gpu.drain is not None and gpu.drain.claims:  # a handover with no claim is not a drain
-                (timed_out if gpu.drain.timed_out else draining).append(gpu.drain.describe())
-            if not spec_pending.get(decision.node, False) and _applied(fleet, decision, gpu):
-                applied += 1
-            elif not spec_pending.get(decision.node, False) and (why := _blocked(fleet, decision, gpu)):
-                (stuck if why[1] else blocked).append(why[0])
+        pending = spec_pending.get(decision.node, False)
+        part = (memo.node(fleet, policy, decision, pending) if memo is not None
+                else node_tally(fleet, policy, decision, pending))
+        nodes += part.nodes
+        gpus += part.gpus
+        applied += part.applied
+        devices += part.devices
+        conflicts.extend(part.conflicts)
+        errors.extend(part.errors)
+        draining.extend(part.draining)
+        timed_out.extend(part.timed_out)
+        missing.extend(part.missing)
+        blocked.extend(part.blocked)
+        stuck.extend(part.stuck)
     return PolicyTally(
-        len(nodes), gpus, applied, devices, tuple(conflicts), tuple(dict.fromkeys(errors)), tuple(draining),
+        nodes, gpus, applied, devices, tuple(conflicts), tuple(dict.fromkeys(errors)), tuple(draining),
         tuple(timed_out), tuple(missing), tuple(blocked), tuple(stuck),
     )
 

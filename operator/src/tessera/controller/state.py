@@ -8,7 +8,7 @@ Not for: deciding anything (``tessera.controller.decide``).
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
@@ -142,6 +142,8 @@ class Fleet:
     # it by set_claim and remove_claim), so that a node's decision reads its own claims, not the
     # cluster's (a rollout decides every node three or four times: bench_decide.py).
     _pool_claims: dict[str, dict[str, ClaimHold]] = field(default_factory=dict, init=False, repr=False)
+    # pool -> device -> how many claims hold it (the fleet metrics' allocated devices)
+    _pool_devices: dict[str, Counter[str]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for key, hold in self.claims.items():
@@ -249,9 +251,18 @@ class Fleet:
             del held[key]
             if not held:
                 del self._pool_claims[pool]
+        for pool, device in before.devices if before is not None else ():
+            counts = self._pool_devices[pool]
+            counts[device] -= 1
+            if not counts[device]:
+                del counts[device]
+                if not counts:
+                    del self._pool_devices[pool]
         if after is not None:
             for pool in _pools(after):
                 self._pool_claims.setdefault(pool, {})[key] = after
+            for pool, device in after.devices:
+                self._pool_devices.setdefault(pool, Counter())[device] += 1
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -267,6 +278,10 @@ class Fleet:
                 if pool == node and hold not in out[device]:
                     out[device].append(hold)
         return out
+
+    def devices_held(self, node: str) -> int:
+        """How many of ``node``'s devices some claim holds."""
+        return len(self._pool_devices.get(node, ()))
 
     def gpu_nodes(self) -> list[NodeView]:
         """Nodes with a NodeLayout (an agent runs there), sorted by name."""

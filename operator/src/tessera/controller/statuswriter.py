@@ -26,7 +26,7 @@ from prometheus_client import Counter, Gauge
 
 from tessera.controller.decide import NodeDecision
 from tessera.controller.fleetmetrics import fleet_figures
-from tessera.controller.policystatus import policy_status, tally, transitions
+from tessera.controller.policystatus import TallyMemo, policy_status, tally, transitions
 from tessera.controller.state import Fleet
 from tessera.kube.fence import NotLeading
 from tessera.kube.http import ApiError
@@ -63,6 +63,7 @@ class PolicyStatusWriter:
         self.epoch = 0  # goes up whenever what a policy asks for changes
         self._dirty = asyncio.Event()
         self._pass_cost = 0.0  # seconds the last pass spent computing
+        self._tallies = TallyMemo()  # each node's counts, counted again only when the node changed
         PENDING_CLAIMS.set_function(lambda: len(fleet.pending_claims))  # follows every claim event
 
     def policies_changed(self) -> None:
@@ -98,7 +99,10 @@ class PolicyStatusWriter:
         try:
             await self._write_each(decisions, pending, degraded)
         finally:
+            self._tallies.next_pass()
+            started = time.perf_counter()
             self._export(decisions, degraded)
+            self._pass_cost += time.perf_counter() - started
 
     def _export(self, decisions: list[NodeDecision], degraded: set[tuple[str, str]]) -> None:
         DEGRADED.clear()
@@ -124,7 +128,7 @@ class PolicyStatusWriter:
             except ValueError:
                 previous = None
             started = time.perf_counter()
-            status = policy_status(policy, tally(self._fleet, name, decisions, pending), previous)
+            status = policy_status(policy, tally(self._fleet, name, decisions, pending, self._tallies), previous)
             if self._extend is not None:
                 status = self._extend(policy, status)
             self._pass_cost += time.perf_counter() - started
