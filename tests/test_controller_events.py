@@ -9,6 +9,7 @@ from typing import Any, cast
 import pytest
 
 from tessera.controller.decide import NodeDecision
+from tessera.controller.nics import NicPublisher
 from tessera.controller.publisher import slice_stub
 from tessera.controller.runtime import Controller
 from tessera.kube.http import ApiError
@@ -251,3 +252,28 @@ async def test_a_spec_write_that_fails_still_hands_on_what_the_watch_brought_mea
     with pytest.raises(ApiError):
         await controller._write_spec(NODE, decided_on, cast(NodeDecision, SimpleNamespace(spec=wanted)))
     assert controller.enqueued == [NODE]
+
+
+def test_a_room_that_shares_the_watches_gets_every_node_and_layout_event_the_controller_gets() -> None:
+    """The NIC room reads Nodes and NodeLayouts from the GPU room's watches (one watch, one
+    decode of the cluster's largest objects): every event reaches it, deletions included, and
+    what it makes of them is what its own watches would have made."""
+    controller = RecordingController()
+    nics = NicPublisher(cast(Api, SimpleNamespace(client=None)))
+    controller.share_watches(nics.node_seen, nics.layout_seen)
+    reported = [{"interface": "eth1", "pciBusId": "0000:3b:00.0", "speedMbps": 40000, "pcieRoot": "pci0000:3a"}]
+
+    controller.node_seen("ADDED", node_body(labels={"pool": "a"}))
+    body = layout_body([gpu(0)])
+    body["status"]["nics"] = reported
+    controller.layout_seen("ADDED", body)
+
+    assert NODE in nics.nodes
+    assert nics.nodes[NODE].labels == {"pool": "a"}
+    assert [n.interface for n in nics.nics[NODE]] == ["eth1"]
+    assert controller.fleet.nodes[NODE].layout is not None, "the controller's own view is fed as before"
+
+    controller.layout_seen("DELETED", body)
+    assert nics.nics[NODE] == []
+    controller.node_seen("DELETED", node_body())
+    assert NODE not in nics.nodes

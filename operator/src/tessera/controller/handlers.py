@@ -104,9 +104,10 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     leadership.start(controller)
     if ready_port:
         await leadership.serve_readiness(ready_port)
-    await controller.start()
     memo.nics = NicPublisher(Api(leadership.client))  # the NIC family's room: tessera.controller.nics
-    await memo.nics.start()
+    controller.share_watches(memo.nics.node_seen, memo.nics.layout_seen)  # one watch each, for both rooms
+    await controller.start()
+    await memo.nics.start(watch_nodes=False)
 
 
 @kopf.on.cleanup(registry=registry)

@@ -1,9 +1,10 @@
 """The NIC family's room in the operator: NetworkSharingPolicies and the NICs agents report in
 NodeLayout status, into one ``nic.tessera.dev`` ResourceSlice per node and each policy's status.
 
-A room of its own beside the GPU controller, sharing nothing with it but the API client: its own
-list-watches (NetworkSharingPolicies, Nodes, NodeLayouts; the NodeLayout watch is a second one
-on that kind, the price of not threading NICs through the GPU controller's state), its own
+A room of its own beside the GPU controller, sharing with it the API client and, in the operator,
+the GPU room's Node and NodeLayout watches (``Controller.share_watches``: the NodeLayouts are the
+cluster's largest objects, watched and decoded once); its own list-watches of
+NetworkSharingPolicies and of its slices (the NIC driver's only), its own state, its own
 slices (another driver, so the GPU publisher leaves them alone), one worker that publishes
 the nodes an event touched. There is no handover: a share of a NIC is not reshaped under a
 claim, only the request policy of new claims changes, and a NIC that leaves a policy is
@@ -132,7 +133,7 @@ class NicPublisher:
             ]
         self._mark(*self.nodes)
 
-    def node_seen(self, kind: str, body: dict[str, Any]) -> None:
+    def node_seen(self, kind: str, body: Mapping[str, Any]) -> None:
         meta = body["metadata"]
         name = str(meta["name"])
         if kind == "DELETED":
@@ -146,7 +147,7 @@ class NicPublisher:
             self.nodes[name] = node
             self._mark(name)
 
-    def layout_seen(self, kind: str, body: dict[str, Any]) -> None:
+    def layout_seen(self, kind: str, body: Mapping[str, Any]) -> None:
         name = str(body["metadata"]["name"])
         raw = [] if kind == "DELETED" else (body.get("status") or {}).get("nics", [])
         try:
@@ -176,14 +177,22 @@ class NicPublisher:
 
     # -- running ----------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, watch_nodes: bool = True) -> None:
+        """Watch and publish. ``watch_nodes=False``: Nodes and NodeLayouts come from another
+        room's watches (the GPU room's ``Controller.share_watches``, its start's lists already
+        handed on), not from watches of this room's own."""
         client = self.api.client
         self._watches = [
-            ListWatch(client, *SLICES, self.slice_seen, label_selector=_OURS),
+            # Only the NIC driver's slices: the GPU room's (large, and many) are not decoded here too.
+            ListWatch(client, *SLICES, self.slice_seen, label_selector=_OURS,
+                      field_selector=f"spec.driver={NIC_DRIVER}"),
             ListWatch(client, *NETWORK_POLICIES, self.policy_seen),
-            ListWatch(client, *NODES, self.node_seen, page_size=100),  # pages of 100, as the GPU room's:
-            ListWatch(client, *LAYOUTS, self.layout_seen, page_size=100),  # large objects, a small start peak
         ]
+        if watch_nodes:
+            self._watches += [
+                ListWatch(client, *NODES, self.node_seen, page_size=100),  # pages of 100, as the GPU room's:
+                ListWatch(client, *LAYOUTS, self.layout_seen, page_size=100),  # large objects, a small start peak
+            ]
         for watch in self._watches:
             watch.start()
             await watch.listed.wait()

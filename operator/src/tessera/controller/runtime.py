@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -48,6 +48,7 @@ from tessera.controller.state import Fleet
 from tessera.controller.statuswriter import PolicyStatusWriter
 from tessera.controller.workqueue import WorkQueue
 from tessera.controller.writes import ApiWrites, NotLeading
+from tessera.dra.devices import DRIVER
 from tessera.kube.apiserverstarts import IDENTITY_SELECTOR, LEASES, started_ago
 from tessera.kube.http import ApiError, retry_delay
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
@@ -55,6 +56,8 @@ from tessera.kube.watch import ListWatch
 from tessera.models.layout import NodeLayout
 
 log = structlog.get_logger("tessera.operator")
+
+Seen = Callable[[str, Mapping[str, Any]], None]  # a watch event's type and object
 
 DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims read that may clear it
 DEFAULT_WORKERS = 8  # nodes reconciled at once
@@ -95,6 +98,10 @@ class Controller:
         # node -> the NodeLayout versions the watch brought while our spec write was in flight
         self._spec_in_flight: dict[str, list[str | None]] = {}
         self.ready = asyncio.Event()
+        # Another room that reads Nodes and NodeLayouts (the NIC room): it gets every event of this
+        # room's watches, so the cluster's largest objects are watched and decoded once.
+        self._node_followers: list[Seen] = []
+        self._layout_followers: list[Seen] = []
 
     @property
     def policy_epoch(self) -> int:
@@ -137,7 +144,8 @@ class Controller:
             # Pages of 100: a node's slice of 8 MIG GPUs is ~23 KB of JSON, and a NodeLayout of 8
             # GPUs ~15 KB and ~45 KiB parsed (a real Node is as large), so a page of 500 would add
             # tens of MB to the start's peak for nothing.
-            ListWatch(client, *SLICES, self.slice_seen, label_selector=OURS, stub=slice_stub, page_size=100),
+            ListWatch(client, *SLICES, self.slice_seen, label_selector=OURS, field_selector=f"spec.driver={DRIVER}",
+                      stub=slice_stub, page_size=100),  # the NIC room's slices are not this room's to decode
             ListWatch(client, *NODES, self.node_seen, page_size=100),
             ListWatch(client, *LAYOUTS, self.layout_seen, page_size=100),
             ListWatch(client, *PODS, self.demand.pod_seen, stub=pod_stub),  # adaptive layouts' demand
@@ -378,9 +386,17 @@ class Controller:
         self.fleet.remove_policy(name)
         self.policies_changed()
 
+    def share_watches(self, node_seen: Seen, layout_seen: Seen) -> None:
+        """Hand every Node and NodeLayout event of this room's watches on to another room as
+        well, the start's lists included (so before :meth:`start`)."""
+        self._node_followers.append(node_seen)
+        self._layout_followers.append(layout_seen)
+
     def node_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
         """A Node event: a deleted Node is forgotten by its next reconcile; one whose labels
         changed is decided again."""
+        for follower in self._node_followers:
+            follower(event_type, body)
         name = str(body["metadata"]["name"])
         if event_type == "DELETED":
             self.enqueue(name)
@@ -392,6 +408,8 @@ class Controller:
         """A NodeLayout event: its node is decided again, unless the view holds that very
         version already or it is the echo of the spec this operator is writing now (the watch
         is often faster than the write's answer; ``_write_spec`` judges such events)."""
+        for follower in self._layout_followers:
+            follower(event_type, body)
         name = str(body["metadata"]["name"])
         view = self.fleet.nodes.get(name)
         version = body["metadata"].get("resourceVersion")
