@@ -277,3 +277,17 @@ def test_a_room_that_shares_the_watches_gets_every_node_and_layout_event_the_con
     assert nics.nics[NODE] == []
     controller.node_seen("DELETED", node_body())
     assert NODE not in nics.nodes
+
+
+def test_a_room_that_fails_on_a_shared_event_does_not_keep_it_from_the_controller() -> None:
+    controller = RecordingController()
+
+    def failing(kind: str, body: Any) -> None:
+        raise KeyError("status")
+
+    controller.share_watches(failing, failing)
+    controller.node_seen("ADDED", node_body())
+    controller.layout_seen("ADDED", layout_body([gpu(0)]))
+
+    assert controller.fleet.nodes[NODE].layout is not None
+    assert controller.enqueued == [NODE, NODE]

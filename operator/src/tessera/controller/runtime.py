@@ -392,11 +392,19 @@ class Controller:
         self._node_followers.append(node_seen)
         self._layout_followers.append(layout_seen)
 
+    @staticmethod
+    def _hand_on(followers: list[Seen], event_type: str, body: Mapping[str, Any]) -> None:
+        for follower in followers:
+            try:
+                follower(event_type, body)
+            except Exception:  # another room's failure stays in that room: this one still sees the event
+                log.exception("a room sharing this watch failed on an event", kind=event_type,
+                              name=(body.get("metadata") or {}).get("name"))
+
     def node_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
         """A Node event: a deleted Node is forgotten by its next reconcile; one whose labels
         changed is decided again."""
-        for follower in self._node_followers:
-            follower(event_type, body)
+        self._hand_on(self._node_followers, event_type, body)
         name = str(body["metadata"]["name"])
         if event_type == "DELETED":
             self.enqueue(name)
@@ -408,8 +416,7 @@ class Controller:
         """A NodeLayout event: its node is decided again, unless the view holds that very
         version already or it is the echo of the spec this operator is writing now (the watch
         is often faster than the write's answer; ``_write_spec`` judges such events)."""
-        for follower in self._layout_followers:
-            follower(event_type, body)
+        self._hand_on(self._layout_followers, event_type, body)
         name = str(body["metadata"]["name"])
         view = self.fleet.nodes.get(name)
         version = body["metadata"].get("resourceVersion")
