@@ -26,9 +26,8 @@ schedule); with that fix reverted this test fails. An agent started then died of
 read (a refused connection is an OSError, which its start did not retry; a fault campaign
 found it): with that fix reverted the agent stage fails. The bound (``STAGE_BOUND_S``, 30 s)
 is the lease duration (a restarted operator waits for its predecessor's lease to expire: 15 s)
-with room for a loaded
-2-core machine, and below Kopf's 60 s startup retry and its 70 s inactivity timeout for a
-silent watch. The agent's watch is also backed by its 30 s resync, so for the agent this
+with room for a loaded 2-core machine, and below Kopf's 60 s startup retry and its 70 s
+inactivity timeout for a silent watch. The agent's watch is also backed by its 30 s resync, so for the agent this
 bounds the pair, not the watch alone.
 Not for: long churn (``benchmarks/bench_churn.py``) or the fault campaign's invariants.
 """
