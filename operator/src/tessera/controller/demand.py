@@ -65,7 +65,7 @@ from tessera.controller.decide import NodeDecision
 from tessera.controller.state import Fleet
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.devices import RESERVED_TAINT_KEY, build_gpu_devices
-from tessera.models.conditions import parse_rfc3339
+from tessera.models.conditions import format_rfc3339, parse_rfc3339
 from tessera.models.devices import parse_device_name
 from tessera.models.layout import GpuLayout, GpuStatus
 from tessera.models.policy import AdaptiveGpuLayout, SharingPolicy, SharingPolicyStatus, Strategy
@@ -133,10 +133,6 @@ class _Choice:
     reason: str
     since: float  # monotonic time it was chosen (-inf: never chosen, as far as anyone recorded)
     chosen_at: str | None = None  # the same instant in RFC 3339, as the policy status keeps it
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 PODS = ("", "v1", "pods")
@@ -350,9 +346,9 @@ class AdaptiveDemand:
         chosen_at = parse_rfc3339(row.get("since"))
         if chosen_at is not None:
             age = max(0.0, (self.wall_clock() - chosen_at).total_seconds())
-            return _Choice(layout, why, now - age, _rfc3339(chosen_at))
+            return _Choice(layout, why, now - age, format_rfc3339(chosen_at))
         if not idle:
-            return _Choice(layout, why, now, _rfc3339(self.wall_clock()))
+            return _Choice(layout, why, now, format_rfc3339(self.wall_clock()))
         return _Choice(layout, why, -math.inf)
 
     def choose(self) -> tuple[RecutPlan, list[AdaptiveGpu]] | None:
@@ -409,7 +405,7 @@ class AdaptiveDemand:
         FRAGMENTATION.set(float(plan.fragmentation))
         now = self.clock()
         touched: set[str] = set()
-        stamp = _rfc3339(self.wall_clock())
+        stamp = format_rfc3339(self.wall_clock())
         for recut in plan.recuts:
             self.choices[recut.gpu] = _Choice(recut.layout, recut.reason, now, stamp)
             self.controller.fleet.adaptive_choices[recut.gpu] = recut.layout

@@ -133,7 +133,7 @@ class NicPublisher:
             ]
         self._mark(*self.nodes)
 
-    def node_seen(self, kind: str, body: Mapping[str, Any]) -> None:
+    def node_seen(self, kind: str, body: dict[str, Any]) -> None:
         meta = body["metadata"]
         name = str(meta["name"])
         if kind == "DELETED":
@@ -147,7 +147,7 @@ class NicPublisher:
             self.nodes[name] = node
             self._mark(name)
 
-    def layout_seen(self, kind: str, body: Mapping[str, Any]) -> None:
+    def layout_seen(self, kind: str, body: dict[str, Any]) -> None:
         name = str(body["metadata"]["name"])
         raw = [] if kind == "DELETED" else (body.get("status") or {}).get("nics", [])
         try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from tessera.controller.decide import GpuDecision, NodeDecision
 from tessera.controller.state import Fleet
 from tessera.models.conditions import ConditionStatus, set_condition
+from tessera.models.layout import NodeLayout
 from tessera.models.policy import PolicyConflict, SharingPolicy, SharingPolicyStatus
 
 MAX_LISTED = 20
@@ -122,8 +123,8 @@ class TallyMemo:
     changed since the last, not the whole fleet (35 ms a pass at 1,000 nodes before)."""
 
     def __init__(self) -> None:
-        self._kept: dict[tuple[str, str], tuple[NodeDecision, object, bool, PolicyTally]] = {}
-        self._seen: dict[tuple[str, str], tuple[NodeDecision, object, bool, PolicyTally]] = {}
+        self._kept: dict[tuple[str, str], tuple[NodeDecision, NodeLayout | None, bool, PolicyTally]] = {}
+        self._seen: dict[tuple[str, str], tuple[NodeDecision, NodeLayout | None, bool, PolicyTally]] = {}
 
     def node(self, fleet: Fleet, policy: str, decision: NodeDecision, spec_pending: bool) -> PolicyTally:
         view = fleet.nodes.get(decision.node)

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -52,12 +52,10 @@ from tessera.dra.devices import DRIVER
 from tessera.kube.apiserverstarts import IDENTITY_SELECTOR, LEASES, started_ago
 from tessera.kube.http import ApiError, retry_delay
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
-from tessera.kube.watch import ListWatch
+from tessera.kube.watch import ListWatch, OnEvent
 from tessera.models.layout import NodeLayout
 
 log = structlog.get_logger("tessera.operator")
-
-Seen = Callable[[str, Mapping[str, Any]], None]  # a watch event's type and object
 
 DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims read that may clear it
 DEFAULT_WORKERS = 8  # nodes reconciled at once
@@ -100,8 +98,8 @@ class Controller:
         self.ready = asyncio.Event()
         # Another room that reads Nodes and NodeLayouts (the NIC room): it gets every event of this
         # room's watches, so the cluster's largest objects are watched and decoded once.
-        self._node_followers: list[Seen] = []
-        self._layout_followers: list[Seen] = []
+        self._node_followers: list[OnEvent] = []
+        self._layout_followers: list[OnEvent] = []
 
     @property
     def policy_epoch(self) -> int:
@@ -386,14 +384,14 @@ class Controller:
         self.fleet.remove_policy(name)
         self.policies_changed()
 
-    def share_watches(self, node_seen: Seen, layout_seen: Seen) -> None:
+    def share_watches(self, node_seen: OnEvent, layout_seen: OnEvent) -> None:
         """Hand every Node and NodeLayout event of this room's watches on to another room as
         well, the start's lists included (so before :meth:`start`)."""
         self._node_followers.append(node_seen)
         self._layout_followers.append(layout_seen)
 
     @staticmethod
-    def _hand_on(followers: list[Seen], event_type: str, body: Mapping[str, Any]) -> None:
+    def _hand_on(followers: list[OnEvent], event_type: str, body: dict[str, Any]) -> None:
         for follower in followers:
             try:
                 follower(event_type, body)
@@ -401,7 +399,7 @@ class Controller:
                 log.exception("a room sharing this watch failed on an event", kind=event_type,
                               name=(body.get("metadata") or {}).get("name"))
 
-    def node_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
+    def node_seen(self, event_type: str, body: dict[str, Any]) -> None:
         """A Node event: a deleted Node is forgotten by its next reconcile; one whose labels
         changed is decided again."""
         self._hand_on(self._node_followers, event_type, body)
@@ -412,7 +410,7 @@ class Controller:
         elif self.fleet.set_node(body):
             self.enqueue(name)
 
-    def layout_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
+    def layout_seen(self, event_type: str, body: dict[str, Any]) -> None:
         """A NodeLayout event: its node is decided again, unless the view holds that very
         version already or it is the echo of the spec this operator is writing now (the watch
         is often faster than the write's answer; ``_write_spec`` judges such events)."""

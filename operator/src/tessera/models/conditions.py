@@ -1,8 +1,8 @@
 """Status conditions with Kubernetes' conventions (metav1.Condition) and the one way to set them.
 
 ``set_condition`` keeps ``lastTransitionTime`` unless the status really changes, so a resync
-that finds nothing new writes nothing new. The timestamps are RFC 3339 (``now_rfc3339``, and
-``parse_rfc3339`` for any the API sends). Not for: deciding what a condition says.
+that finds nothing new writes nothing new. The timestamps are RFC 3339 (``now_rfc3339`` and
+``format_rfc3339`` write them, ``parse_rfc3339`` reads any the API sends). Not for: deciding what a condition says.
 """
 
 from __future__ import annotations
@@ -32,8 +32,13 @@ class Condition(KubeModel):
     last_transition_time: str = Field(description="RFC 3339, when status last changed")
 
 
+def format_rfc3339(moment: datetime) -> str:
+    """``moment`` as Kubernetes writes a timestamp: UTC, whole seconds, ``Z``."""
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
 def now_rfc3339() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return format_rfc3339(datetime.now(UTC))
 
 
 def parse_rfc3339(text: object) -> datetime | None:
