@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from tessera.models.base import KubeModel
 from tessera.models.crd import crds, main, render, stale_files
+from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
 
 CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
+_GPU = {"uuid": "GPU-a", "index": 0, "productName": "NVIDIA H100 80GB HBM3", "memoryMib": 81559}
+_READY = {"type": "Ready", "status": "True", "reason": "Applied", "lastTransitionTime": "2026-12-07T00:00:00Z"}
 
 
 def test_crds_folder_matches_the_models() -> None:
@@ -76,12 +82,31 @@ def test_sharing_policy_crd_names_columns_and_rules() -> None:
     assert values["items"] == {"type": "integer", "maximum": 100, "minimum": 1}
 
 
-def test_node_layout_crd_lists_are_maps_by_uuid() -> None:
+def test_node_layout_crd_lists_are_atomic() -> None:
+    # One writer per side, by merge patch: atomic lists spare the apiserver a managedFields owner
+    # per field of every GPU (tessera.models.layout says what that cost).
     crd = crds()["tessera.dev_nodelayouts.yaml"]
     assert crd["spec"]["names"]["shortNames"] == ["nl"]
     schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    gpus = schema["properties"]["status"]["properties"]["gpus"]
-    assert gpus["x-kubernetes-list-type"] == "map"
-    assert gpus["x-kubernetes-list-map-keys"] == ["uuid"]
-    start = gpus["items"]["properties"]["migInstances"]["items"]["properties"]["start"]
+    status = schema["properties"]["status"]["properties"]
+    lists = [schema["properties"]["spec"]["properties"]["gpus"], status["gpus"], status["nics"], status["conditions"]]
+    assert [(s["x-kubernetes-list-type"], "x-kubernetes-list-map-keys" in s) for s in lists] == [("atomic", False)] * 4
+    start = status["gpus"]["items"]["properties"]["migInstances"]["items"]["properties"]["start"]
     assert (start["minimum"], start["maximum"]) == (0, 7)
+
+
+@pytest.mark.parametrize(("model", "body", "message"), [
+    (NodeLayoutSpec, {"gpus": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}, {"uuid": "GPU-a"}]},
+     "spec.gpus: uuid 'GPU-a' is listed twice"),
+    (NodeLayoutStatus, {"gpus": [_GPU, _GPU]}, "status.gpus: uuid 'GPU-a' is listed twice"),
+    (NodeLayoutStatus, {"nics": [{"interface": "eth1"}, {"interface": "eth1"}]},
+     "status.nics: interface 'eth1' is listed twice"),
+    (NodeLayoutStatus, {"conditions": [_READY, {**_READY, "status": "False"}]},
+     "status.conditions: type 'Ready' is listed twice"),
+])
+def test_node_layout_keys_stay_unique_without_map_lists(model: type[KubeModel], body: dict[str, Any],
+                                                         message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        model.from_kube(body)
+    first = {key: value[:1] for key, value in body.items()}  # one of each reads
+    assert len(getattr(model.from_kube(first), next(iter(body)))) == 1

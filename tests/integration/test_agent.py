@@ -132,6 +132,13 @@ async def test_the_agent_reports_applies_and_keeps_what_is_in_use(
     gpu = hw.snapshot().gpus[0]
     assert gpu.mig_current
     assert [(i.profile_id, i.start) for i in gpu.instances] == [(9, 0), (9, 4)]
+    # The lists are atomic (tessera.models.layout): the apiserver owns each side's list as one
+    # field, not every field of every GPU and instance.
+    stored = json.loads(cluster.kubectl("get", RESOURCE, node, "-o", "json", "--show-managed-fields").stdout)
+    owned = {m["manager"] + m.get("subresource", ""): m["fieldsV1"] for m in stored["metadata"]["managedFields"]}
+    status_fields = owned["Pythonstatus"]["f:status"]  # the agent's status writes
+    assert (status_fields["f:gpus"], status_fields["f:conditions"]) == ({}, {})
+    assert owned["kubectl-patch"]["f:spec"] == {"f:gpus": {}}  # this test's spec write
 
     # 3. A process on 3g.40gb at slice 4; a spec without it leaves it, and says why.
     busy = next(i for i in gpu.instances if i.start == 4)

@@ -11,7 +11,7 @@ Not for: deciding layouts (``tessera.planner``) or applying them (``tessera.agen
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic.config import JsonDict
@@ -22,7 +22,23 @@ from tessera.models.conditions import Condition
 from tessera.models.nics import NicStatus
 from tessera.models.policy import MpsSpec, ObjectMeta, ShareStrategy, Strategy, TimeSlicingSpec
 
-_LIST_BY_UUID: JsonDict = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uuid"]}
+# NodeLayout's lists are atomic to the apiserver, not maps keyed by uuid, interface or type: each
+# side is written by one writer (spec by the operator, status by the agent), whole, by merge patch,
+# which replaces a list whatever its type. A map list makes the apiserver track an owner for every
+# field of every item in managedFields on each write: measured on 100 NodeLayouts of 8 MIG GPUs,
+# 19-22 ms of apiserver CPU per status write against 11.6-12.8 ms atomic, and managedFields of
+# 5.1 KB against 0.5 KB in every stored object and watch event. The keys stay unique: the models
+# below refuse a duplicate, so neither side writes one nor acts on one.
+_ATOMIC: JsonDict = {"x-kubernetes-list-type": "atomic"}
+
+
+def _unique_keys(items: list[Any], key: str, where: str) -> None:
+    seen: set[object] = set()
+    for item in items:
+        value = getattr(item, key)
+        if value in seen:
+            raise ValueError(f"{where}: {key} {value!r} is listed twice")
+        seen.add(value)
 
 
 class PlacedInstance(KubeModel):
@@ -69,7 +85,12 @@ class GpuLayout(KubeModel):
 
 
 class NodeLayoutSpec(KubeModel):
-    gpus: list[GpuLayout] = Field(default_factory=list, max_length=64, json_schema_extra=_LIST_BY_UUID)
+    gpus: list[GpuLayout] = Field(default_factory=list, max_length=64, json_schema_extra=_ATOMIC)
+
+    @model_validator(mode="after")
+    def _one_layout_per_gpu(self) -> NodeLayoutSpec:
+        _unique_keys(self.gpus, "uuid", "spec.gpus")
+        return self
 
     def for_gpu(self, uuid: str) -> GpuLayout | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
@@ -142,17 +163,17 @@ class NodeLayoutStatus(KubeModel):
     observed_generation: int | None = None
     backend: str = ""
     agent_version: str = ""
-    gpus: list[GpuStatus] = Field(default_factory=list, max_length=64, json_schema_extra=_LIST_BY_UUID)
+    gpus: list[GpuStatus] = Field(default_factory=list, max_length=64, json_schema_extra=_ATOMIC)
     # The node's NICs (tessera.agent.nics), for the NIC family's publisher (tessera.controller.nics).
-    nics: list[NicStatus] = Field(
-        default_factory=list,
-        max_length=32,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["interface"]},
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
+    nics: list[NicStatus] = Field(default_factory=list, max_length=32, json_schema_extra=_ATOMIC)
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_ATOMIC)
+
+    @model_validator(mode="after")
+    def _one_entry_per_key(self) -> NodeLayoutStatus:
+        _unique_keys(self.gpus, "uuid", "status.gpus")
+        _unique_keys(self.nics, "interface", "status.nics")
+        _unique_keys(self.conditions, "type", "status.conditions")
+        return self
 
     def gpu(self, uuid: str) -> GpuStatus | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
