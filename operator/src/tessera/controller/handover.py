@@ -27,7 +27,9 @@ apiservers, one restarting while this process talks to another; a cluster whose 
 not read. There the agent's check and ``MissingDevice`` remain.
 
 This room keeps, per node and GPU, which devices were published tainted and when; it asks
-for the node back (``come_back``) when a grace ends. It does not care why a GPU's layout
+for the node back when a grace ends: with ``after_wave`` (the Controller's), once a claim list
+started at the end of the node's wave has been read, so that the reconcile that hands the GPU
+over has its list at hand; else through ``come_back`` at that moment. It does not care why a GPU's layout
 changes: a policy edit, a GPU taken over, or a recut of an idle GPU that the adaptive
 layouts chose from a policy's menu (``tessera.adaptive``). Such a recut reaches the
 handover as any other change of the wanted layout does (through ``decide_node``), so it is
@@ -91,10 +93,14 @@ class Handover:
     """Taint times per node and GPU, the grace, and the shared fresh read of claims."""
 
     def __init__(self, fresh_claims: FreshClaims, grace: float, come_back: Callable[[str, float], None],
-                 outages: Outages | None = None, known: Callable[[], bool] = lambda: True) -> None:
+                 outages: Outages | None = None, known: Callable[[], bool] = lambda: True,
+                 after_wave: Callable[[str, float], None] | None = None) -> None:
         self.fresh_claims = fresh_claims
         self.grace = grace
-        self._come_back = come_back
+        self._come_back = come_back  # (node, in how many seconds)
+        # (node, the monotonic moment its wave ends): for a node whose grace is running. Without
+        # it, the node comes back through ``come_back`` at that moment.
+        self._after_wave = after_wave
         self.outages = Outages() if outages is None else outages  # the operator client's
         # Whether ``outages`` holds all there is to know: the operator's start adds the apiserver
         # starts it did not see (``tessera.kube.apiserverstarts``), and hands nothing over before.
@@ -133,6 +139,8 @@ class Handover:
                 ready[uuid] = (known[0], due)
             elif due == math.inf:  # the apiserver is away: look again in a while
                 self._come_back(node, max(self.grace, 1.0))
+            elif self._after_wave is not None:
+                self._after_wave(node, self.wave_end(due))
             else:
                 self._come_back(node, self.wave_end(due) - now)  # the earliest due wins
         if not tainted:

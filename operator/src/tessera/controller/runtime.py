@@ -81,7 +81,10 @@ class Controller:
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
         self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later,
-                                 self.api.client.outages, known=lambda: self.ready.is_set())
+                                 self.api.client.outages, known=lambda: self.ready.is_set(),
+                                 after_wave=self._after_wave)
+        # wave end (monotonic) -> the nodes whose grace ends there, and the timer that lists claims then
+        self._waves: dict[float, tuple[set[str], asyncio.TimerHandle]] = {}
         self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
@@ -192,7 +195,7 @@ class Controller:
         have written since), and statuses wait for this term's sweep."""
         if self._terms:
             self.handover = Handover(self.handover.fresh_claims, self.handover.grace, self.queue.later,
-                                     self.handover.outages, self.handover.known)
+                                     self.handover.outages, self.handover.known, self._after_wave)
             self._list_asked.clear()
             self.queue.sweep(self.fleet.nodes)
         self._terms += 1
@@ -250,6 +253,8 @@ class Controller:
     async def stop(self) -> None:
         for task in self._term_tasks:
             task.cancel()
+        for _, timer in self._waves.values():
+            timer.cancel()
         await self.demand.stop()
         for watch in self._watches:
             await watch.stop()
@@ -340,6 +345,27 @@ class Controller:
         self.decisions[node] = decision
         await self.missing.tell(node, decision.missing)
         self.status_changed()
+
+    def _after_wave(self, node: str, wave_end: float) -> None:
+        """The handover's come-back for ``node``, whose grace ends with its wave at ``wave_end``.
+        One timer per wave starts the wave's claim list there, and its nodes come back once the
+        list is read: the reconcile that hands their GPUs over finds it ready, instead of each
+        node deciding once only to ask for it and again once it is read. The list counts for
+        the handover only through ``reconcile``'s own check (it started after every grace the
+        node's cleared GPUs had), as any list the node asked for does."""
+        wave = self._waves.get(wave_end)
+        if wave is None:
+            delay = max(0.0, wave_end - time.monotonic())  # the event loop's clock is time.monotonic
+            wave = self._waves[wave_end] = (set(), asyncio.get_running_loop().call_later(delay, self._wave_over,
+                                                                                          wave_end))
+        wave[0].add(node)
+
+    def _wave_over(self, wave_end: float) -> None:
+        nodes, _ = self._waves.pop(wave_end)
+        moment = time.monotonic()
+        for node in nodes:
+            self._list_asked[node] = moment
+        self.handover.fresh_claims.prefetch(moment, lambda: self.enqueue(*sorted(nodes)))
 
     async def _write_spec(self, node: str, layout: NodeLayout, decision: NodeDecision) -> int | None:
         """Write the decision's spec where it differs from the NodeLayout's; the generation the
