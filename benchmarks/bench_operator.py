@@ -56,9 +56,8 @@ the NodeLayout owned by the Node, read the spec, ``apply_layout`` on the simulat
 ``ClaimView`` (the claim guard's fence is the agent's own write). Only the per-process plumbing
 differs: one watch on all NodeLayouts and one on all ResourceClaims instead of one each per node
 (each node's ClaimView is fed from the shared claim watch), a bounded
-pool of passes (``--concurrency``), no health thread, no HTTP server and no 30 s heartbeat
-(a heartbeat that finds nothing new rewrites an identical status, which the apiserver turns
-into a no-op).
+pool of passes (``--concurrency``), no health thread, no HTTP server and no 30 s resync (a
+resync pass that finds nothing new writes nothing).
 
 For the rollout and the fastest replay with the agents' writes it also prints the apiserver's
 own counts (its /metrics: requests by verb and resource, watch events sent by kind) and its CPU

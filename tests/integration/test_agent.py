@@ -4,6 +4,7 @@ keeps an instance in use that the spec would remove and says why, serves /health
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -179,3 +180,22 @@ async def test_the_agent_reports_applies_and_keeps_what_is_in_use(
     assert 'tessera_agent_operations_total{kind="CreateInstance",result="ok"} 3.0' in metrics
     assert 'tessera_agent_gpus{health="Healthy"} 2.0' in metrics
     assert "tessera_agent_gpus_applied 2.0" in metrics
+
+    # 6. Passes that find nothing changed write nothing: resync passes (every second here) go
+    # by, and neither the status-write counter nor the object's version moves.
+    def sample(text: str, name: str) -> float:
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+    async def scrape() -> str:
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+            return await r.text()
+
+    version = _layout(cluster, node)["metadata"]["resourceVersion"]  # type: ignore[index]
+    before = await scrape()
+    await asyncio.sleep(3.5)
+    after = await scrape()
+    passes = 'tessera_agent_reconcile_passes_total{result="ok"}'
+    assert sample(after, passes) >= sample(before, passes) + 2, "resync passes went by"
+    writes = "tessera_agent_status_writes_total"
+    assert sample(after, writes) == sample(before, writes), "an unchanged status is not written again"
+    assert _layout(cluster, node)["metadata"]["resourceVersion"] == version  # type: ignore[index]

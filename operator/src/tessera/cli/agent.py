@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resync-seconds",
         type=float,
         default=float(_env("RESYNC_SECONDS", str(DEFAULTS.resync_seconds)) or DEFAULTS.resync_seconds),
-        help="reconcile and heartbeat at least this often (TESSERA_RESYNC_SECONDS)",
+        help="reconcile at least this often (TESSERA_RESYNC_SECONDS)",
     )
     parser.add_argument(
         "--mps-root", default=_env("MPS_ROOT", "/run/tessera/mps"), help="MPS pipe and log folders (TESSERA_MPS_ROOT)"
