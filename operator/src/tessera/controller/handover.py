@@ -29,9 +29,9 @@ not read. There the agent's check and ``MissingDevice`` remain.
 This room keeps, per node and GPU, which devices were published tainted and when; it asks
 for the node back when a grace ends: with ``after_wave`` (the Controller's), once a claim list
 started at the end of the node's wave has been read, so that the reconcile that hands the GPU
-over has its list at hand; else through ``come_back`` at that moment. It does not care why a GPU's layout
-changes: a policy edit, a GPU taken over, or a recut of an idle GPU that the adaptive
-layouts chose from a policy's menu (``tessera.adaptive``). Such a recut reaches the
+over has its list at hand; else through ``come_back`` at that moment. It does not care why a
+GPU's layout changes: a policy edit, a GPU taken over, or a recut of an idle GPU that the
+adaptive layouts chose from a policy's menu (``tessera.adaptive``). Such a recut reaches the
 handover as any other change of the wanted layout does (through ``decide_node``), so it is
 tainted, waited on and checked against fresh claims the same way; no second path exists to
 write a spec.
