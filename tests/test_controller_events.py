@@ -3,22 +3,18 @@ enqueues exactly the nodes it concerns (the handlers themselves only pass events
 
 from __future__ import annotations
 
-import asyncio
-import time
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from tessera.controller.decide import NodeDecision
-from tessera.controller.freshclaims import FreshClaims
 from tessera.controller.nics import NicPublisher
 from tessera.controller.publisher import slice_stub
 from tessera.controller.runtime import Controller
 from tessera.kube.http import ApiError
 from tessera.kube.objects import Api
 from tessera.kube.outages import Outages
-from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import NodeLayoutSpec
 from tests.controller_fleet import NODE, claim_body, layout_body, layout_of, node_body, policy_body
 from tests.dra_gpus import gpu, mig_gpu
@@ -295,47 +291,3 @@ def test_a_room_that_fails_on_a_shared_event_does_not_keep_it_from_the_controlle
 
     assert controller.fleet.nodes[NODE].layout is not None
     assert controller.enqueued == [NODE, NODE]
-
-
-async def test_a_handover_wave_lists_claims_once_at_its_end_and_its_nodes_come_back_when_it_is_read() -> None:
-    """The handover's come-back (Controller._after_wave): nodes whose grace ends at one wave end
-    share one timer and one claim list started there, and come back once it is read, each with
-    that list as the one it asked for; a later wave gets its own list, started after its end."""
-    lists: list[float] = []
-    answer = asyncio.Event()
-
-    async def listing() -> list[dict[str, Any]]:
-        lists.append(time.monotonic())
-        await answer.wait()
-        return [claim_body("held", [("node-a", "gpu-0")])]
-
-    async def until(done: Any) -> None:
-        await wait_for(done, timeout=5, interval=0.005)
-
-    controller = RecordingController()
-    controller.handover.fresh_claims = FreshClaims(listing)
-    first = time.monotonic() + 0.1
-    second = first + 0.2
-    for node, end in (("node-b", first), ("node-a", first), ("node-c", second), ("node-a", first)):
-        controller._after_wave(node, end)
-    assert len(controller._waves) == 2, "one timer per wave end"
-
-    await until(lambda: lists)
-    assert lists[0] >= first, "listed at the wave's end, not before"
-    await asyncio.sleep(0.02)
-    assert controller.enqueued == [], "while the list is read, nobody comes back"
-    answer.set()
-    await until(lambda: controller.enqueued)
-    assert controller.enqueued == ["node-a", "node-b"], "the wave comes back once its list is read"
-    asked = controller._list_asked
-    assert sorted(asked) == ["node-a", "node-b"]
-    assert all(first <= moment <= lists[0] for moment in asked.values()), "each asked for the wave's list"
-    holds = controller.handover.fresh_claims.ready(asked["node-a"])
-    assert holds is not None
-    assert [h.key for h in holds] == ["default/held"]
-
-    await until(lambda: "node-c" in controller.enqueued)
-    assert len(lists) == 2, "the later wave lists again"
-    assert lists[1] >= second, "after its own end"
-    assert controller.enqueued == ["node-a", "node-b", "node-c"]
-    assert controller._waves == {}

@@ -1,7 +1,8 @@
 """The handover's clock (tessera.controller.handover): a GPU is ready for the fresh claims read
 only once its changing devices have been published tainted for the whole grace, and after an
-apiserver outage only once kube-scheduler's informers can be back; the node is called back
-when a grace ends; a GPU that grows its set of changing devices starts afresh."""
+apiserver outage only once kube-scheduler's informers can be back; nodes whose grace ends
+together come back together, once one claim list started at that end is read; a GPU that
+grows its set of changing devices starts afresh."""
 
 from __future__ import annotations
 
@@ -11,13 +12,12 @@ import time
 from types import SimpleNamespace
 from typing import Any, cast
 
-import pytest
-
 from tessera.controller.decide import NodeDecision
 from tessera.controller.freshclaims import FreshClaims
 from tessera.controller.handover import Handover, watchers_back_by
 from tessera.controller.state import DrainState
 from tessera.kube.outages import Outages
+from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import GpuLayout
 from tests.controller_fleet import NODE, claim_body
 
@@ -41,12 +41,20 @@ class Callbacks:
         self.calls.append((node, delay))
 
 
+class Enqueued:
+    def __init__(self) -> None:
+        self.nodes: list[str] = []
+
+    def __call__(self, *nodes: str) -> None:
+        self.nodes.extend(nodes)
+
+
 async def no_claims() -> list[dict[str, Any]]:
     return []
 
 
 def handover(come_back: Callbacks, outages: Outages | None = None) -> Handover:
-    return Handover(FreshClaims(no_claims), GRACE, come_back, outages)
+    return Handover(FreshClaims(no_claims), GRACE, come_back, Enqueued(), outages)
 
 
 class Clock:
@@ -125,7 +133,7 @@ def test_the_hold_is_unknown_until_the_start_has_read_what_the_process_did_not_s
     added the apiserver starts it learned of, then the wait they make; never 0 in between."""
     clock, started = Clock(), [False]
     outages = Outages(clock)
-    rooms = Handover(FreshClaims(no_claims), GRACE, Callbacks(), outages, known=lambda: started[0])
+    rooms = Handover(FreshClaims(no_claims), GRACE, Callbacks(), Enqueued(), outages, known=lambda: started[0])
     assert rooms.held_s(now=10.0) == math.inf, "before the start has read the Leases"
     outages.learned(12.0)  # an apiserver started 3 s before (its Lease written as it began: + 5 s)
     started[0] = True
@@ -133,7 +141,7 @@ def test_the_hold_is_unknown_until_the_start_has_read_what_the_process_did_not_s
     assert rooms.held_s(now=100.0) == 0.0
 
 
-def test_a_taint_published_just_after_an_outage_waits_for_the_schedulers_informers() -> None:
+async def test_a_taint_published_just_after_an_outage_waits_for_the_schedulers_informers() -> None:
     """The fault campaign's case: the apiserver was killed, the operator tainted a GPU's devices
     as it came back, and a 1 s grace later recut the GPU the scheduler went on to allocate from
     the slices it had before the outage."""
@@ -144,7 +152,8 @@ def test_a_taint_published_just_after_an_outage_waits_for_the_schedulers_informe
 
     assert rooms.handed_over(NODE, decision, now=13.1) == {}
     assert rooms.handed_over(NODE, decision, now=20.0) == {}, "the grace is over, the outage's wait is not"
-    assert come_back.calls[-1] == (NODE, pytest.approx(26.0 - 20.0)), "back at the wave boundary after 25.6"
+    assert rooms.waves() == {26.0: {NODE}}, "back at the wave boundary after 25.6"
+    assert come_back.calls == []
     assert rooms.handed_over(NODE, decision, now=25.6) == {"GPU-a": (frozenset({"gpu-0"}), 25.6)}
 
     clock.now = 30.0
@@ -154,21 +163,25 @@ def test_a_taint_published_just_after_an_outage_waits_for_the_schedulers_informe
     clock.now = 31.0
     outages.answered()
     assert rooms.handed_over(NODE, decision, now=31.0) == {}, "the second spell's wait"
+    rooms.stop()
 
 
-def test_a_gpu_is_ready_only_after_the_grace_since_its_taint_was_published() -> None:
+async def test_a_gpu_is_ready_only_after_the_grace_since_its_taint_was_published() -> None:
     come_back = Callbacks()
     rooms = handover(come_back)
     decision = deciding(drain("GPU-a", {"gpu-0"}))
 
     assert rooms.handed_over(NODE, decision, now=10.0) == {}
-    assert come_back.calls == [(NODE, GRACE)], "called back when the grace ends"
+    assert rooms.waves() == {10.0 + GRACE: {NODE}}, "back when the grace ends"
     assert rooms.handed_over(NODE, decision, now=10.5) == {}
-    assert come_back.calls[-1] == (NODE, 0.5)
+    assert rooms.waves() == {10.0 + GRACE: {NODE}}, "the same wave: no second timer"
     assert rooms.handed_over(NODE, decision, now=11.0) == {"GPU-a": (frozenset({"gpu-0"}), 11.0)}
+    assert come_back.calls == []
+    rooms.stop()
+    assert rooms.waves() == {}
 
 
-def test_more_changing_devices_start_the_grace_again_fewer_do_not() -> None:
+async def test_more_changing_devices_start_the_grace_again_fewer_do_not() -> None:
     rooms = handover(Callbacks())
     rooms.handed_over(NODE, deciding(drain("GPU-a", {"gpu-0", "gpu-0-mig-1"})), now=0.0)
 
@@ -178,9 +191,10 @@ def test_more_changing_devices_start_the_grace_again_fewer_do_not() -> None:
     assert rooms.handed_over(NODE, deciding(drain("GPU-a", {"gpu-0", "gpu-0-mig-2"})), now=1.5) == {}
     assert rooms.tracking(NODE) == {"GPU-a": frozenset({"gpu-0", "gpu-0-mig-2"})}
     assert "GPU-a" in rooms.handed_over(NODE, deciding(drain("GPU-a", {"gpu-0-mig-2"})), now=2.5)
+    rooms.stop()
 
 
-def test_a_gpu_whose_devices_a_claim_holds_drains_and_is_not_handed_over() -> None:
+async def test_a_gpu_whose_devices_a_claim_holds_drains_and_is_not_handed_over() -> None:
     come_back = Callbacks()
     rooms = handover(come_back)
     held = deciding(drain("GPU-a", {"gpu-0"}, claims=("default/c",)))
@@ -188,9 +202,10 @@ def test_a_gpu_whose_devices_a_claim_holds_drains_and_is_not_handed_over() -> No
     assert rooms.handed_over(NODE, held, now=0.0) == {}
     assert rooms.handed_over(NODE, held, now=100.0) == {}
     assert come_back.calls == [], "a drain waits on claim events, not on the clock"
+    assert rooms.waves() == {}
 
 
-def test_a_settled_gpu_is_forgotten_so_its_next_handover_waits_the_whole_grace() -> None:
+async def test_a_settled_gpu_is_forgotten_so_its_next_handover_waits_the_whole_grace() -> None:
     rooms = handover(Callbacks())
     rooms.handed_over(NODE, deciding(drain("GPU-a", {"gpu-0"})), now=0.0)
     rooms.handed_over(NODE, deciding(), now=5.0)  # settled: no drain any more
@@ -199,50 +214,79 @@ def test_a_settled_gpu_is_forgotten_so_its_next_handover_waits_the_whole_grace()
     assert rooms.handed_over(NODE, deciding(drain("GPU-a", {"gpu-0"})), now=6.0) == {}
     rooms.forget(NODE)
     assert rooms.handed_over(NODE, deciding(drain("GPU-a", {"gpu-0"})), now=7.5) == {}, "forgotten: afresh"
-
-
-async def test_the_fresh_read_is_the_shared_one_no_older_than_asked() -> None:
-    reads: list[int] = []
-
-    async def claims() -> list[dict[str, Any]]:
-        reads.append(1)
-        return [claim_body("held", ["gpu-0"]), claim_body("pending")]
-
-    rooms = Handover(FreshClaims(claims), GRACE, Callbacks())
-    holds = await rooms.claims_since(0.0)
-    assert [h.key for h in holds] == ["default/held"]
-    assert await rooms.claims_since(0.0) is holds, "a read after the moment asked serves again"
-    assert len(reads) == 1
+    rooms.stop()
 
 
 async def test_nodes_handed_over_in_one_wave_share_one_grace_end_and_one_fresh_list() -> None:
     """Taints acknowledged within half a grace end their grace at one wave boundary (never before
-    their own due), and the nodes coming back at it share one fresh list started after it."""
+    their own due): one timer there starts one claim list, nobody comes back while it is read,
+    the wave's nodes come back once it is, and each finds it ready for its handover. A later
+    wave gets its own list, started after its end."""
+    lists: list[float] = []
+    answer = asyncio.Event()
+
+    async def listing() -> list[dict[str, Any]]:
+        lists.append(time.monotonic())
+        await answer.wait()
+        return [claim_body("held", ["gpu-0"])]
+
+    async def until(done: Any) -> None:
+        await wait_for(done, timeout=5, interval=0.005)
+
+    come_back, enqueued = Callbacks(), Enqueued()
+    rooms = Handover(FreshClaims(listing), GRACE, come_back, enqueued)
+    boundary = math.ceil(time.monotonic() / 0.5) * 0.5 + 0.5
+    taints = {"node-b": boundary - 1.49, "node-a": boundary - 1.25, "node-c": boundary - 1.0}  # within 0.5 s
+    for node, tainted in taints.items():
+        assert rooms.handed_over(node, deciding(drain("GPU-a", {"gpu-0"})), now=tainted) == {}
+    rooms.handed_over("node-d", deciding(drain("GPU-a", {"gpu-0"})), now=boundary - 0.6)
+    assert rooms.waves() == {boundary: set(taints), boundary + 0.5: {"node-d"}}, (
+        "one grace end for the wave, never before a node's own; the next half-grace is the next wave")
+
+    await until(lambda: lists)
+    assert lists[0] >= boundary, "listed at the wave's end, not before"
+    await asyncio.sleep(0.02)
+    assert enqueued.nodes == [], "while the list is read, nobody comes back"
+    answer.set()
+    await until(lambda: enqueued.nodes)
+    assert enqueued.nodes == ["node-a", "node-b", "node-c"], "the wave comes back once its list is read"
+    for node in taints:
+        cleared = rooms.handed_over(node, deciding(drain("GPU-a", {"gpu-0"})))
+        assert all(due <= lists[0] for _, due in cleared.values()), "the list started after each node's grace"
+        holds = rooms.fresh_for(node, cleared)
+        assert holds is not None, "the wave's list is the one the node asked for"
+        assert [h.key for h in holds] == ["default/held"]
+    assert len(lists) == 1, "one fresh list for the wave"
+
+    await until(lambda: "node-d" in enqueued.nodes)
+    assert len(lists) == 2, "the later wave lists again"
+    assert lists[1] >= boundary + 0.5, "after its own end"
+    assert rooms.waves() == {}
+    assert come_back.calls == []
+
+
+async def test_a_node_that_asks_for_a_list_comes_back_once_it_is_read_and_a_later_reconcile_reads_again() -> None:
+    """A node cleared outside a wave (its grace ended while it was away) starts a list and comes
+    back once it is read; the list it came back for serves it even if the reconcile comes a
+    while later, but a reconcile more than a grace after an answer it did not ask for reads anew."""
     lists: list[float] = []
 
     async def listing() -> list[dict[str, Any]]:
         lists.append(time.monotonic())
-        await asyncio.sleep(0.05)  # the answer takes a moment: the wave's nodes join the list meanwhile
-        return [claim_body("held", ["gpu-0"])]
+        return [claim_body("held", ["gpu-0"]), claim_body("pending")]
 
-    come_back = Callbacks()
-    rooms = Handover(FreshClaims(listing), GRACE, come_back)
-    boundary = math.ceil(time.monotonic() / 0.5) * 0.5 + 0.5
-    taints = {"node-a": boundary - 1.49, "node-b": boundary - 1.25, "node-c": boundary - 1.0}  # within 0.5 s
-    for node, tainted in taints.items():
-        assert rooms.handed_over(node, deciding(drain("GPU-a", {"gpu-0"})), now=tainted) == {}
-    ends = {node: round(tainted + delay, 6)
-            for (node, delay), tainted in zip(come_back.calls, taints.values(), strict=True)}
-    assert ends == dict.fromkeys(taints, boundary), "one grace end for the wave, never before a node's own"
-    assert rooms.wave_end(boundary + 0.01) == boundary + 0.5, "the next half-grace is the next wave"
+    enqueued, grace = Enqueued(), 0.1
+    rooms = Handover(FreshClaims(listing), grace, Callbacks(), enqueued)
+    cleared = {"GPU-a": (frozenset({"gpu-0"}), time.monotonic() - 60.0)}
+    assert rooms.fresh_for(NODE, cleared) is None, "nothing read yet: a list starts"
+    await wait_for(lambda: enqueued.nodes, timeout=5, interval=0.005)
+    assert enqueued.nodes == [NODE]
+    assert len(lists) == 1
 
-    await asyncio.sleep(max(0.0, boundary - time.monotonic()))  # the wave's end comes
-    cleared = [rooms.handed_over(node, deciding(drain("GPU-a", {"gpu-0"}))) for node in taints]
-    moments = [rooms.read_after(c) for c in cleared]
-    await asyncio.gather(*(rooms.claims_since(m) for m in moments))
-
-    assert all(c["GPU-a"][1] <= m for c, m in zip(cleared, moments, strict=True)), "each after its own grace"
-    assert len(lists) == 1, "one fresh list for the wave"
-    assert lists[0] >= boundary
-    assert rooms.read_after({"GPU-a": (frozenset({"gpu-0"}), boundary - 60)}, now=boundary + 5) == boundary + 4, (
-        "a later reconcile reads claims again, not a minute-old list")
+    await asyncio.sleep(2 * grace)  # the reconcile comes more than a grace after the list started
+    holds = rooms.fresh_for(NODE, cleared)
+    assert holds is not None, "the list it came back for"
+    assert [h.key for h in holds] == ["default/held"]
+    assert rooms.fresh_for(NODE, cleared) is None, "not asked for, and more than a grace old: read anew"
+    await wait_for(lambda: len(enqueued.nodes) == 2, timeout=5, interval=0.005)
+    assert len(lists) == 2

@@ -26,23 +26,25 @@ saw it, and keeps what it saw when it comes to lead). What this cannot see: with
 apiservers, one restarting while this process talks to another; a cluster whose Leases it may
 not read. There the agent's check and ``MissingDevice`` remain.
 
-This room keeps, per node and GPU, which devices were published tainted and when; it asks
-for the node back when a grace ends: with ``after_wave`` (the Controller's), once a claim list
-started at the end of the node's wave has been read, so that the reconcile that hands the GPU
-over has its list at hand; else through ``come_back`` at that moment. It does not care why a
+This room keeps, per node and GPU, which devices were published tainted and when, and one
+timer per wave end: when a wave's grace ends, the timer starts the wave's claim list, and the
+wave's nodes come back (``enqueue``) once it is read, so that the reconcile that hands their
+GPUs over finds it at hand (``fresh_for``) instead of each node deciding once only to ask for
+it. While the apiserver is away, a node comes back (``come_back``) to look again. It does not care why a
 GPU's layout changes: a policy edit, a GPU taken over, or a recut of an idle GPU that the
 adaptive layouts chose from a policy's menu (``tessera.adaptive``). Such a recut reaches the
 handover as any other change of the wanted layout does (through ``decide_node``), so it is
 tainted, waited on and checked against fresh claims the same way; no second path exists to
 write a spec.
-Not for: deciding (``decide``), reading claims (``freshclaims``) or any write.
+Not for: deciding (``decide``), how claims are read (``freshclaims``) or any write.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 from prometheus_client import Gauge
 
@@ -90,17 +92,15 @@ def watchers_back_by(outages: Outages) -> float:
 
 
 class Handover:
-    """Taint times per node and GPU, the grace, and the shared fresh read of claims."""
+    """Taint times per node and GPU, the grace, and each wave's fresh read of claims."""
 
     def __init__(self, fresh_claims: FreshClaims, grace: float, come_back: Callable[[str, float], None],
-                 outages: Outages | None = None, known: Callable[[], bool] = lambda: True,
-                 after_wave: Callable[[str, float], None] | None = None) -> None:
+                 enqueue: Callable[..., None], outages: Outages | None = None,
+                 known: Callable[[], bool] = lambda: True) -> None:
         self.fresh_claims = fresh_claims
         self.grace = grace
-        self._come_back = come_back  # (node, in how many seconds)
-        # (node, the monotonic moment its wave ends): for a node whose grace is running. Without
-        # it, the node comes back through ``come_back`` at that moment.
-        self._after_wave = after_wave
+        self._come_back = come_back  # (node, in how many seconds): the apiserver is away, look again
+        self._enqueue = enqueue  # (*nodes): their claim list is read, hand over
         self.outages = Outages() if outages is None else outages  # the operator client's
         # Whether ``outages`` holds all there is to know: the operator's start adds the apiserver
         # starts it did not see (``tessera.kube.apiserverstarts``), and hands nothing over before.
@@ -108,6 +108,16 @@ class Handover:
         HELD.set_function(self.held_s)
         # node -> GPU UUID -> (devices published tainted, when that write was acknowledged)
         self._tainted: dict[str, Cleared] = {}
+        # wave end (monotonic) -> the nodes whose grace ends there, and the timer that lists claims then
+        self._waves: dict[float, tuple[set[str], asyncio.TimerHandle]] = {}
+        # node -> the start of the claim list it came back for (a wave's, or one it asked for)
+        self._asked: dict[str, float] = {}
+
+    def stop(self) -> None:
+        """Cancel the waves' timers (the operator stops, or a new term starts a new handover)."""
+        for _, timer in self._waves.values():
+            timer.cancel()
+        self._waves.clear()
 
     def held_s(self, now: float | None = None) -> float:
         """Seconds until a GPU may be handed over, as far as outages go: +Inf while the
@@ -139,10 +149,8 @@ class Handover:
                 ready[uuid] = (known[0], due)
             elif due == math.inf:  # the apiserver is away: look again in a while
                 self._come_back(node, max(self.grace, 1.0))
-            elif self._after_wave is not None:
-                self._after_wave(node, self.wave_end(due))
             else:
-                self._come_back(node, self.wave_end(due) - now)  # the earliest due wins
+                self._join_wave(node, self.wave_end(due))
         if not tainted:
             self._tainted.pop(node, None)
         return ready
@@ -150,9 +158,9 @@ class Handover:
     # One grace and one fresh claim list per wave (issue 22). Nodes handed over together end
     # their grace together: a grace that would end at ``due`` ends at the next wave boundary
     # (a multiple of half the grace), so every node whose taint was acknowledged in the same
-    # half-grace comes back at the same moment and asks for a list started at or after it;
-    # FreshClaims gives them all the one list (the first starts it, the others join it or take
-    # its answer). Safety is the same as one list per node: every node's list still starts
+    # half-grace shares one timer there, which starts one claim list for them all (a node
+    # that asks for a list itself joins one in flight or takes the last answer when it
+    # qualifies: FreshClaims). Safety is the same as one list per node: every node's list still starts
     # after its own taint's grace (a boundary is never before the due it rounds up), so a
     # scheduling cycle that began before the taint has had its grace, and any claim it
     # allocated is in the list. The list may also be up to one grace older than the decision it
@@ -170,14 +178,48 @@ class Handover:
         now = time.monotonic() if now is None else now
         return max(self.wave_end(max(due for _, due in cleared.values())), now - self.grace)
 
-    def claims_since(self, moment: float) -> Awaitable[Holds]:
-        """Every claim's hold from a list started no earlier than ``moment``."""
-        return self.fresh_claims.since(moment)
+    def fresh_for(self, node: str, cleared: Cleared, now: float | None = None) -> Holds | None:
+        """Every claim's hold from a list started after every grace of ``cleared`` (its wave's
+        end): the list the node came back for, or one no more than a grace old. None when no
+        such list is read yet: one is started (or joined), and the node comes back once it is."""
+        moment = self.read_after(cleared, now)
+        asked = self._asked.pop(node, None)
+        if asked is not None:  # the list this node came back for serves, if after its grace
+            moment = min(moment, max(asked, self.read_after(cleared, now=-math.inf)))
+        fresh = self.fresh_claims.ready(moment)
+        if fresh is None:
+            self._asked[node] = moment
+            self.fresh_claims.prefetch(moment, lambda: self._enqueue(node))
+        return fresh
+
+    def _join_wave(self, node: str, wave_end: float) -> None:
+        """``node``'s grace ends with its wave at ``wave_end``. One timer per wave starts the
+        wave's claim list there, and its nodes come back once the list is read. The list counts
+        for the handover only through ``fresh_for``'s check (it started after every grace the
+        node's cleared GPUs had), as any list a node asked for does."""
+        wave = self._waves.get(wave_end)
+        if wave is None:
+            delay = max(0.0, wave_end - time.monotonic())  # the event loop's clock is time.monotonic
+            timer = asyncio.get_running_loop().call_later(delay, self._wave_over, wave_end)
+            wave = self._waves[wave_end] = (set(), timer)
+        wave[0].add(node)
+
+    def _wave_over(self, wave_end: float) -> None:
+        nodes, _ = self._waves.pop(wave_end)
+        moment = time.monotonic()
+        for node in nodes:
+            self._asked[node] = moment
+        self.fresh_claims.prefetch(moment, lambda: self._enqueue(*sorted(nodes)))
 
     def forget(self, node: str) -> None:
         """The node has no decision any more (gone, or no agent): nothing of it is handing over."""
         self._tainted.pop(node, None)
+        self._asked.pop(node, None)
 
     def tracking(self, node: str) -> dict[str, frozenset[str]]:
         """GPU UUID -> devices being handed over on ``node`` (for tests and debugging)."""
         return {uuid: devices for uuid, (devices, _) in self._tainted.get(node, {}).items()}
+
+    def waves(self) -> dict[float, frozenset[str]]:
+        """Wave end -> the nodes that come back after it (for tests and debugging)."""
+        return {end: frozenset(nodes) for end, (nodes, _) in self._waves.items()}

@@ -81,10 +81,7 @@ class Controller:
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
         self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later,
-                                 self.api.client.outages, known=lambda: self.ready.is_set(),
-                                 after_wave=self._after_wave)
-        # wave end (monotonic) -> the nodes whose grace ends there, and the timer that lists claims then
-        self._waves: dict[float, tuple[set[str], asyncio.TimerHandle]] = {}
+                                 self.enqueue, self.api.client.outages, known=lambda: self.ready.is_set())
         self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
@@ -93,8 +90,6 @@ class Controller:
                                            self.demand.with_status)
         self._status_task: asyncio.Task[None] | None = None
         self._watches: list[ListWatch] = []
-        # node -> the moment of the fresh claim list it waits for (the handover's)
-        self._list_asked: dict[str, float] = {}
         self._oldest_slice: str | None = None  # creationTimestamp of the oldest slice of ours at start
         # node -> the NodeLayout versions the watch brought while our spec write was in flight
         self._spec_in_flight: dict[str, list[str | None]] = {}
@@ -194,9 +189,9 @@ class Controller:
         What an earlier term of ours proved about handovers counts no more (another leader may
         have written since), and statuses wait for this term's sweep."""
         if self._terms:
+            self.handover.stop()
             self.handover = Handover(self.handover.fresh_claims, self.handover.grace, self.queue.later,
-                                     self.handover.outages, self.handover.known, self._after_wave)
-            self._list_asked.clear()
+                                     self.enqueue, self.handover.outages, self.handover.known)
             self.queue.sweep(self.fleet.nodes)
         self._terms += 1
         self.leading.set()
@@ -253,8 +248,7 @@ class Controller:
     async def stop(self) -> None:
         for task in self._term_tasks:
             task.cancel()
-        for _, timer in self._waves.values():
-            timer.cancel()
+        self.handover.stop()
         await self.demand.stop()
         for watch in self._watches:
             await watch.stop()
@@ -312,16 +306,10 @@ class Controller:
             # used (an older read would hold on to claims the watch has seen go), then decide
             # again with both: only GPUs whose changing devices were all tainted and that no
             # claim holds get their new layout.
-            moment = self.handover.read_after(cleared)
-            asked = self._list_asked.pop(node, None)
-            if asked is not None:  # the list this node came back for serves, if after its grace
-                moment = min(moment, max(asked, self.handover.read_after(cleared, now=float("-inf"))))
-            fresh = self.handover.fresh_claims.ready(moment)
+            fresh = self.handover.fresh_for(node, cleared)
             if fresh is None:
                 # No worker waits for the list (of every claim: a while, in a large cluster);
                 # the node comes back once it is read.
-                self._list_asked[node] = moment
-                self.handover.fresh_claims.prefetch(moment, lambda: self.enqueue(node))
                 return
             decision = decide_node(
                 self.fleet, node, time.monotonic(), drains, {u: d for u, (d, _) in cleared.items()}, fresh
@@ -345,27 +333,6 @@ class Controller:
         self.decisions[node] = decision
         await self.missing.tell(node, decision.missing)
         self.status_changed()
-
-    def _after_wave(self, node: str, wave_end: float) -> None:
-        """The handover's come-back for ``node``, whose grace ends with its wave at ``wave_end``.
-        One timer per wave starts the wave's claim list there, and its nodes come back once the
-        list is read: the reconcile that hands their GPUs over finds it ready, instead of each
-        node deciding once only to ask for it and again once it is read. The list counts for
-        the handover only through ``reconcile``'s own check (it started after every grace the
-        node's cleared GPUs had), as any list the node asked for does."""
-        wave = self._waves.get(wave_end)
-        if wave is None:
-            delay = max(0.0, wave_end - time.monotonic())  # the event loop's clock is time.monotonic
-            wave = self._waves[wave_end] = (set(), asyncio.get_running_loop().call_later(delay, self._wave_over,
-                                                                                          wave_end))
-        wave[0].add(node)
-
-    def _wave_over(self, wave_end: float) -> None:
-        nodes, _ = self._waves.pop(wave_end)
-        moment = time.monotonic()
-        for node in nodes:
-            self._list_asked[node] = moment
-        self.handover.fresh_claims.prefetch(moment, lambda: self.enqueue(*sorted(nodes)))
 
     async def _write_spec(self, node: str, layout: NodeLayout, decision: NodeDecision) -> int | None:
         """Write the decision's spec where it differs from the NodeLayout's; the generation the
@@ -487,7 +454,6 @@ class Controller:
         await self.publisher.forget(node)
         self.decisions.pop(node, None)
         self.handover.forget(node)
-        self._list_asked.pop(node, None)
         self.drains.forget(node)
         self.missing.forget(node)
         self.fleet.remove_node(node)
