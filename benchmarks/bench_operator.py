@@ -100,7 +100,7 @@ from tessera.agent.backends.simulated import SimulatedBackend
 from tessera.agent.claimview import ClaimView, fence_claim_name
 from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE
-from tessera.kube.claims import write_claim_fence
+from tessera.kube.claims import ASK_ANNOTATION, write_claim_check_answer, write_claim_fence
 from tessera.kube.http import ApiError, KubeClient, resource_path
 from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
 from tessera.kube.watch import ListWatch
@@ -108,6 +108,7 @@ from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import _die_with_parent, free_port
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
 from tessera.log import configure_logging
+from tessera.models.claimcheck import ClaimCheckAnswer
 
 ROOT = Path(__file__).resolve().parents[1]
 LABEL = "tessera.dev/bench"
@@ -122,6 +123,7 @@ MIG_POLICY = {  # what the rollout applies: every node, static MIG all-balanced
     "spec": {"nodeSelector": {"matchLabels": {LABEL: "fleet"}}, "strategy": "MIG", "mig": {"preset": "all-balanced"}},
 }
 WRITES = "tessera_operator_api_writes_total"
+CHECKS = "tessera_operator_claim_check_seconds"  # the agents' claim checks the operator answered
 RECONCILED = 'tessera_operator_reconciles_total{result="ok"}'
 FAILED = 'tessera_operator_reconciles_total{result="error"}'
 PASSES = "tessera_operator_policy_status_passes_total"
@@ -690,8 +692,11 @@ async def write_one(api: KubeClient, verb: str, body: dict[str, Any], node: str)
         await api.patch(resource_path(GROUP, VERSION, PLURAL, node), body)
     elif verb == "status":
         await api.patch(resource_path(GROUP, VERSION, PLURAL, node, subresource="status"), body)
-    elif verb == "fence":  # as the claim guard writes it: a new token on the node's fence claim
-        await write_claim_fence(api, INSTALL_NAMESPACE, fence_claim_name(node), f"floor-{time.monotonic_ns()}")
+    elif verb == "fence":  # the claim guard's check: its ask on the node's fence claim, and the operator's answer
+        token = f"floor-{time.monotonic_ns()}"
+        await write_claim_fence(api, INSTALL_NAMESPACE, fence_claim_name(node), token, node=node, key=ASK_ANNOTATION)
+        await write_claim_check_answer(api, INSTALL_NAMESPACE, fence_claim_name(node),
+                                       ClaimCheckAnswer.of(token, node, ()).encode())
     elif verb == "create":
         await api.create(resource_path(*SLICES), body)
     elif verb == "replace":  # no resourceVersion: an unconditional update, as a sole owner may make
@@ -873,9 +878,15 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         rollout_writes.recording = False
         fleet.recording = False
         fences = sum(a.claims.fences for a in fleet.agents.values())
+        asks = sum(a.claims.asks for a in fleet.agents.values())
         per_pass = fleet.requests / fleet.passes if fleet.passes else 0.0
-        fig["policy: agent passes / requests in them"] = f"{fleet.passes} / {fleet.requests} ({fences} fences)"
+        fig["policy: agent passes / requests in them"] = (f"{fleet.passes} / {fleet.requests} "
+                                                          f"({asks} claim checks asked, {fences} fences)")
         fig["agent requests per pass"] = f"{per_pass:.1f}"
+        proofs = asks + fences
+        proof_s = sum(a.claims.proof_seconds for a in fleet.agents.values())
+        fig["policy: agent claim check, ask -> answer (or fence -> echo), mean"] = (
+            f"{proof_s / proofs * 1000:.0f} ms over {proofs}" if proofs else "none")
         print(f"agent requests per pass N={n}: {per_pass:.1f}", flush=True)
         quiet_at = time.monotonic() - 3.0
         cpu_after = cpu_by_child()
@@ -886,6 +897,10 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fig["policy: phases, s to half/all nodes"] = rollout_writes.timeline(t0)
         fig["policy: per-node gaps, s p50/p90/max"] = rollout_writes.gaps()
         put_writes(fig, "policy: operator API writes", minus(writes_of(after), writes_of(before)))
+        answered = after.get(CHECKS + "_count", 0) - before.get(CHECKS + "_count", 0)
+        answer_s = after.get(CHECKS + "_sum", 0) - before.get(CHECKS + "_sum", 0)
+        fig["policy: operator, ask arrived -> answer written, mean"] = (
+            f"{answer_s / answered * 1000:.0f} ms over {answered:.0f}" if answered else "none")
         fig["policy: operator reconciles (ok/error)"] = (
             f"{int(after.get(RECONCILED, 0) - before.get(RECONCILED, 0))}"
             f"/{int(after.get(FAILED, 0) - before.get(FAILED, 0))}"

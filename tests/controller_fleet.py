@@ -46,7 +46,7 @@ def layout_body(
         "apiVersion": "tessera.dev/v1alpha1",
         "kind": "NodeLayout",
         "metadata": {"name": node, "generation": generation},
-        "spec": {"gpus": [g.to_kube() for g in spec]},
+        "spec": {"gpus": [g.to_kube() for g in spec], "claimCheck": "Operator"},
         "status": status,
     }
 

@@ -5,9 +5,10 @@ just before the agent would destroy it keeps its device, and the agent says whic
    written (acknowledged by the apiserver) after that plan and before the destroy runs. The
    guard reads claims right before the destroy, so it sees the allocation. Seeded rounds pick
    which instance is claimed and whether the claim lands before or after the plan. The claims
-   come from a cluster-wide quorum list, or from the agent's ``ClaimView`` (one claim watch,
-   proved current by its fence claim, one fence per pass: ``tessera.agent.passclaims``), which
-   must see the allocation just as surely.
+   come from a cluster-wide quorum list, or from the agent's ``ClaimView``, one read proved per
+   pass (``tessera.agent.passclaims``): by the operator's answer to its ask (the operator's
+   ``ClaimChecks``, fed by a watch of every claim as the Kopf handler feeds it), or by its own
+   claim watch and fence. Each must see the allocation just as surely.
 2. The agent process: a claim allocated, then at once a spec that would remove its instance;
    the agent keeps it, reports ``InstanceInUse`` naming the claim, and finishes the layout once
    the claim is gone.
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tessera import DRIVER_NAME, INSTALL_NAMESPACE
+from tessera import DRIVER_NAME, INSTALL_NAMESPACE, RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.agent.backends.base import GpuInfo, Inventory
 from tessera.agent.backends.simulated import SimulatedBackend, SimulatedHardware, parse_simulate_spec
 from tessera.agent.claimguard import ClaimGuard
@@ -37,8 +38,11 @@ from tessera.agent.passclaims import PassClaimReads
 from tessera.agent.reconciler import BlockReason, OpKind, apply_layout
 from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.agent.status import build_status
-from tessera.kube.claims import list_resource_claims
+from tessera.controller.claimchecks import ClaimChecks
+from tessera.controller.freshclaims import FreshClaims
+from tessera.kube.claims import list_resource_claims, write_claim_check_answer
 from tessera.kube.http import KubeClient
+from tessera.kube.watch import ListWatch
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
@@ -91,7 +95,7 @@ class AllocateAfterPlan(SimulatedBackend):
         return seen
 
 
-@pytest.mark.parametrize("source", ["list", "fenced-watch"])
+@pytest.mark.parametrize("source", ["list", "operator-answer", "fenced-watch"])
 async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
     cluster: LocalCluster, namespace: str, source: str
 ) -> None:
@@ -100,20 +104,29 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
     loop = asyncio.get_running_loop()
     cluster.apply(NAMESPACE_YAML)
     views: list[ClaimView] = []
+    # The operator's side, for "operator-answer": its claim checks, told every claim event.
+    leading = asyncio.Event()
+    leading.set()
+    checks = ClaimChecks(FreshClaims(lambda: list_resource_claims(api)), lambda ns, name, answer:
+                         write_claim_check_answer(api, ns, name, answer), INSTALL_NAMESPACE, leading)
+    operator_watch = ListWatch(api, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", checks.seen)
+    answering = asyncio.create_task(checks.run())
+    if source == "operator-answer":
+        operator_watch.start()
 
-    def claims_of(node: str) -> Callable[[], Sequence[Mapping[str, Any]]]:
+    async def claims_of(node: str) -> Callable[[], Sequence[Mapping[str, Any]]]:
         if source == "list":
             return lambda: asyncio.run_coroutine_threadsafe(list_resource_claims(api), loop).result(30)
         view = ClaimView(api, driver=DRIVER_NAME, node=node, fence_namespace=INSTALL_NAMESPACE)
-        view.start()
+        await view.use(asking=source == "operator-answer")
         views.append(view)
-        reads = PassClaimReads(view.fresh, view.held, max_age=30.0)  # the round is one pass: one fence
+        reads = PassClaimReads(view.fresh, view.held, max_age=30.0)  # the round is one pass: one read proved
         return lambda: asyncio.run_coroutine_threadsafe(reads.read(), loop).result(30)
 
     try:
         for round_no in range(6):
             node = f"race-{uuidlib.uuid4().hex[:6]}"
-            list_claims = claims_of(node)
+            list_claims = await claims_of(node)
             backend = AllocateAfterPlan(SimulatedHardware(node, parse_simulate_spec("1xH100-80GB")))
             gpu: GpuInfo = backend.inventory().gpus[0]
             two = NodeLayoutSpec(gpus=[mig(gpu.uuid, ("3g.40gb", 0), ("3g.40gb", 4))])
@@ -144,9 +157,15 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
             if start == 4:  # destroys run in slice order: the unclaimed 3g.40gb@0 went first
                 assert ("3g.40gb", 0) not in left, f"{where}: the unclaimed instance was spared"
         for view in views:
-            assert view.fences == 1, "the round's reads (two destroys when gpu-0 is claimed at 4) shared one fence"
-            assert view.fallback_lists == 0, "no cluster-wide list"
+            proved = view.asks if source == "operator-answer" else view.fences
+            assert proved == 1, "the round's reads (two destroys when gpu-0 is claimed at 4) shared one proof"
+            assert view.asks + view.fences == 1
+            assert view.fallback_lists == 0, "no cluster-wide list by the agent"
+        if source == "operator-answer":
+            assert checks.answered == 6, "one answer per round"
     finally:
+        answering.cancel()
+        await operator_watch.stop()
         for view in views:
             await view.stop()
         await api.close()
@@ -249,7 +268,6 @@ async def test_a_pass_that_repartitions_every_gpu_makes_three_requests(cluster: 
     cluster.add_node(node, labels={"nvidia.com/gpu.present": "true"})
     api = KubeClient.from_environment(str(cluster.kubeconfig))
     agent = NodeAgent(AgentConfig(node, metrics_port=None), SimulatedBackend.from_spec(node, "2xH100-80GB"), api)
-    agent.claims.start()
     sent: list[tuple[str, str]] = []
     send = api._send
 

@@ -16,11 +16,15 @@ from typing import Any
 
 import pytest
 
+from tessera import INSTALL_NAMESPACE
 from tessera.agent.backends.simulated import SimulatedHardware, parse_simulate_spec
+from tessera.agent.claimview import fence_claim_name
 from tessera.controller.decide import published_device_names
+from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.processes import TesseraProcesses
+from tessera.models.claimcheck import ClaimCheckAnswer
 from tessera.models.layout import NodeLayout
 from tests.integration.kube_helpers import (
     DRIVER,
@@ -141,6 +145,13 @@ async def test_a_policy_and_a_claim_applied_together_leave_the_claim_on_a_device
             raise
     print(f"{ROUNDS} rounds, seed {SEED}: {dict(outcomes)}")
     assert sum(outcomes.values()) == ROUNDS, "every round's claim ended on a device that exists"
+    # The agent checked claims by asking the operator (its spec says claimCheck: Operator), and
+    # the operator answered its last ask: the agent watches no claim but its fence claim.
+    assert get(cluster, "nodelayout", node)["spec"]["claimCheck"] == "Operator"
+    notes = get(cluster, "resourceclaim", fence_claim_name(node), "-n", INSTALL_NAMESPACE)["metadata"]["annotations"]
+    answer = ClaimCheckAnswer.decode(notes[ANSWER_ANNOTATION])
+    assert answer.token == notes[ASK_ANNOTATION], "the operator answered the agent's last ask"
+    assert answer.node == node
 
 
 async def test_a_gpu_partitioned_before_tessera_is_published_as_it_is_and_never_changed(

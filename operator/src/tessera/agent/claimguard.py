@@ -5,9 +5,10 @@ but the scheduler, the operator and the agent race, and a claim allocated in bet
 still keep its device. So right before the reconciler runs an operation that destroys or
 reshapes published devices (``tessera.agent.reconciler.devices_changed``: destroy a MIG
 instance, toggle MIG mode, start or stop MPS, change time-slicing), ``ClaimGuard`` reads the
-claims as fresh as a quorum read (the agent's ``ClaimView``: its watch, proved current by a
-fence; or a list of every claim) and refuses with ``InstanceInUse`` — naming the claim — when
-an allocation of our driver in this node's pool names one of those devices. When the claims
+claims as fresh as a quorum read (the agent's ``ClaimView``: the operator's answer to its
+ask, or its own watch proved current by a fence; or a list of every claim) and refuses with
+``InstanceInUse`` — naming the claim — when an allocation of our driver in this node's pool
+names one of those devices. When the claims
 cannot be read, it refuses with ``ClaimCheckFailed``: nothing is destroyed on a guess.
 
 ``allocated_devices_on_node`` is pure: claims in, (claim, device) pairs out.

@@ -2,9 +2,10 @@
 the pass's first destroying operation paid for, for at most ``max_age`` seconds.
 
 The guard (``tessera.agent.claimguard``) reads the claims naming this node's devices right
-before each operation that destroys or reshapes a published device. Proved current by a fence
-(``tessera.agent.claimview``: write a token on this agent's fence claim, wait for its echo on
-the claim watch), each read costs one write; a pass that repartitions 8 GPUs makes 8 of them.
+before each operation that destroys or reshapes a published device. Proved current
+(``tessera.agent.claimview``: ask the operator and wait for its answer, or write a token on
+this agent's fence claim and wait for its echo on the claim watch), each read costs a write and
+a wait; a pass that repartitions 8 GPUs would make 8 of them.
 Here the first destroying operation of a pass fences, and every later one in the same pass,
 while that fence is at most ``max_age`` old (measured from the moment the fence write was
 sent, not from its echo), reads the watch's view *as it is at that operation*, without a new
@@ -21,6 +22,10 @@ it): while the watch is healthy the two miss about the same, an allocation commi
 few milliseconds before the operation. What reuse gives up is the proof: were the watch to stall
 right after the first fence, a reused read could miss an allocation committed up to ``max_age``
 before the operation, where a fence would have waited for it (or timed out and refused).
+An agent that asks the operator has no watch of claims: its reused read is the pass's answer
+itself, so it lacks every allocation committed after the operator's list started, up to
+``max_age`` before the operation, not only while a watch stalls. The argument below is what
+makes that safe.
 
 Why no allocation the guard must see can be committed in that window — the handover's
 invariant. An agent applies a spec the operator wrote, and the operator writes a spec that
@@ -32,13 +37,14 @@ device stays tainted (``changing`` in ``tessera.controller.decide``) until this 
 reports it gone, which is after this pass. The scheduler allocates only devices that are
 published and untainted in its view (unless the claim tolerates the taint), so from (a) plus
 the grace on, no new allocation of the device is made; any made before is committed before the
-read of (c) started, and the agent's first fence of the pass, sent after the spec was written,
-is later still. So every allocation of a device this pass destroys is committed before the first
-fence: it is in every read of the pass, reused or not. ``max_age`` equal to the grace keeps the
+read of (c) started, and the agent's first fence (or ask) of the pass, sent after the spec was
+written, is later still. So every allocation of a device this pass destroys is committed before
+the first fence: it is in every read of the pass, reused or not. ``max_age`` equal to the grace keeps the
 agent's own exposure to the cases outside that argument — a scheduling cycle whose view was
 older than the taint and whose allocation commits later than the grace, a claim that tolerates
 Tessera's drain taint (``DRAIN_TAINT_KEY``), a NodeLayout.spec written by hand rather than by
-the operator — within one grace more than a fence per operation gives, and only while the watch stalls.
+the operator — within one grace more than a fence per operation gives (for an agent with a
+watch, only while the watch stalls).
 Where that is not enough, ``AgentConfig.claim_reuse_seconds = 0`` fences every operation.
 tests/test_agent_passclaims.py checks both halves on a seeded model of the watch.
 

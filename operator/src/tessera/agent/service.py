@@ -16,10 +16,11 @@ Prometheus metrics on ``/metrics`` and liveness on ``/healthz`` (503 once no pas
 for three resync periods) through ``tessera.agent.metricsserver``.
 
 Before an operation destroys or reshapes a published device, the reconciler asks a
-``ClaimGuard``, which reads the claims naming this node's devices, proved current by a fence
-(``tessera.agent.claimview``: one claim watch per agent instead of a cluster-wide list per
-operation; one fence per pass, ``tessera.agent.passclaims``), and refuses when an allocation
-names the device (``tessera.agent.claimguard``).
+``ClaimGuard``, which reads the claims naming this node's devices, proved current
+(``tessera.agent.claimview``: the operator's answer to this agent's ask, or for a spec written
+by hand the agent's own claim watch and fence, instead of a cluster-wide list per operation;
+one proof per pass, ``tessera.agent.passclaims``), and refuses when an allocation names the
+device (``tessera.agent.claimguard``).
 
 The DRA kubelet plugin shares the backend; it calls ``request_resync()`` after it creates or
 destroys an instance so the status follows at once.
@@ -59,7 +60,7 @@ from tessera.kube.nodelayouts import (
     write_node_layout_status,
 )
 from tessera.kube.watch import ListWatch
-from tessera.models.layout import NodeLayoutSpec, NodeLayoutStatus
+from tessera.models.layout import ClaimCheck, NodeLayoutSpec, NodeLayoutStatus
 from tessera.models.nics import NicStatus
 
 AGENT_VERSION = "0.1.0"
@@ -115,6 +116,11 @@ class AgentMetrics:
         self.claim_seconds = Histogram(
             "tessera_agent_claim_seconds", "Time the kubelet plugin took to prepare or unprepare one claim",
             ["operation", "result"], registry=r,
+        )
+        self.claim_proof_seconds = Histogram(
+            "tessera_agent_claim_proof_seconds",
+            "Time from the claim guard's ask (or fence) to the operator's answer (or the watch's echo)",
+            ["way"], registry=r,
         )
 
     def observe_claim(self, operation: str, result: str, seconds: float) -> None:
@@ -172,6 +178,7 @@ class NodeAgent:
         self.claims = ClaimView(api, driver=DRIVER_NAME, node=config.node_name,
                                 fence_namespace=config.fence_namespace,
                                 timeout_s=config.claim_check_timeout_seconds)
+        self.claims.observe = lambda way, seconds: self.metrics.claim_proof_seconds.labels(way).observe(seconds)
         self.passes = 0
 
     # -- for the kubelet plugin and tests --
@@ -208,7 +215,6 @@ class NodeAgent:
         watcher = ListWatch(self.api, GROUP, VERSION, PLURAL, self._layout_event,
                             field_selector=f"metadata.name={self.config.node_name}")
         watcher.start()
-        self.claims.start()
         try:
             await self._ensure_layout()
             await self.claims.ensure_fence()  # made now, so a pass's fence is one write
@@ -270,6 +276,7 @@ class NodeAgent:
             except ValidationError:
                 previous = None  # rewritten from what the hardware says
             generation = obj["metadata"].get("generation")
+            await self.claims.use(asking=spec.claim_check is ClaimCheck.OPERATOR)
             self.health.seed(previous)
             guard = self._claim_guard(spec, previous)
             result = await asyncio.to_thread(apply_layout, self.backend, spec, guard=guard)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from tessera.controller.state import ClaimHold, DrainState, Fleet, NodeView
 from tessera.dra.devices import GpuDevices, build_gpu_devices, with_drain_taints
 from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
-from tessera.models.layout import GpuLayout, GpuStatus, NodeLayoutSpec, NodeLayoutStatus
+from tessera.models.layout import ClaimCheck, GpuLayout, GpuStatus, NodeLayoutSpec, NodeLayoutStatus
 from tessera.models.policy import DrainMode, DrainSpec, Strategy
 from tessera.planner.fleet import FleetPlan, GpuPlan, NodeInventory, plan_fleet
 from tessera.planner.gpu import PlanErrorReason
@@ -206,7 +206,8 @@ def decide_node(
                 hold = fleet.claims.get(claim)
                 evict.update(hold.pods if hold else ())
     plan = replace(plan, gpus=tuple(kept_plans))
-    spec = NodeLayoutSpec(gpus=sorted((d.written for d in decisions if d.written is not None), key=lambda g: g.uuid))
+    spec = NodeLayoutSpec(gpus=sorted((d.written for d in decisions if d.written is not None), key=lambda g: g.uuid),
+                          claim_check=ClaimCheck.OPERATOR)
     missing = _missing_devices(node, status, published, holders, decisions)
     counts = {b.gpu_uuid: len(b.devices) for b in built}
     return NodeDecision(

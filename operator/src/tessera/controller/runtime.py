@@ -37,6 +37,8 @@ from typing import Any
 
 import structlog
 
+from tessera import INSTALL_NAMESPACE
+from tessera.controller.claimchecks import ClaimChecks
 from tessera.controller.decide import MissingDevice, NodeDecision, decide_node
 from tessera.controller.demand import PODS, AdaptiveDemand, pod_stub
 from tessera.controller.drains import Drains
@@ -50,6 +52,7 @@ from tessera.controller.workqueue import WorkQueue
 from tessera.controller.writes import ApiWrites, NotLeading
 from tessera.dra.devices import DRIVER
 from tessera.kube.apiserverstarts import IDENTITY_SELECTOR, LEASES, started_ago
+from tessera.kube.claims import write_claim_check_answer
 from tessera.kube.http import ApiError, retry_delay
 from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
 from tessera.kube.watch import ListWatch, OnEvent
@@ -80,8 +83,12 @@ class Controller:
         self._term_tasks: list[asyncio.Task[None]] = []
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
-        self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later,
-                                 self.enqueue, self.api.client.outages, known=lambda: self.ready.is_set())
+        fresh_claims = FreshClaims(lambda: self.api.list_all(*CLAIMS))  # one list serves both rooms below
+        self.handover = Handover(fresh_claims, handover_grace, self.queue.later, self.enqueue,
+                                 self.api.client.outages, known=lambda: self.ready.is_set())
+        # The agents' checks of their nodes' claims (for specs that say claimCheck: Operator).
+        self.claim_checks = ClaimChecks(fresh_claims, self._answer_claim_check, INSTALL_NAMESPACE, self.leading)
+        self._claim_checks_task: asyncio.Task[None] | None = None
         self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
@@ -162,6 +169,7 @@ class Controller:
         self._status_task = asyncio.create_task(self.statuses.run(self.queue.swept, self.leading),
                                                 name="tessera-policy-status")
         self.demand.start()
+        self._claim_checks_task = asyncio.create_task(self.claim_checks.run(), name="tessera-claim-checks")
         self.ready.set()
 
     async def _learn_apiserver_starts(self) -> None:
@@ -253,12 +261,16 @@ class Controller:
         for watch in self._watches:
             await watch.stop()
         await self.queue.stop()
-        if self._status_task is not None:
-            self._status_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._status_task
+        for running in (self._status_task, self._claim_checks_task):
+            if running is not None:
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
 
     # -- writes (each through the one door) ------------------------------------------------
+
+    async def _answer_claim_check(self, namespace: str, name: str, answer: str) -> None:
+        await self.writes("claimcheck/answer", write_claim_check_answer(self.api.client, namespace, name, answer))
 
     async def _evict_pod(self, namespace: str, pod: str) -> bool:
         evicted: bool = await self.writes("pod/eviction", self.api.evict_pod(namespace, pod))
@@ -432,6 +444,7 @@ class Controller:
         else:
             nodes = self.fleet.set_claim(body)
         self.demand.claim_seen(event_type, body)
+        self.claim_checks.seen(event_type, body)
         self.enqueue(*sorted(nodes))
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:

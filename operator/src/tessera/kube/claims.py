@@ -7,7 +7,9 @@ scheduler wrote before the call started is in the answer. The agent calls it rig
 destroys a device, to refuse destroying one a claim is allocated. ``read_resource_claim``
 reads the one claim the kubelet asks the plugin to prepare. ``write_claim_fence`` marks the
 agent's fence claim (``tessera.agent.claimview``): a write into the stream of ResourceClaim
-events whose echo proves that a watch has passed on every claim change made before it.
+events whose echo proves that a watch has passed on every claim change made before it; or,
+with ``ASK_ANNOTATION``, the agent's question to the operator, which writes its answer on the
+same claim (``write_claim_check_answer``; ``tessera.controller.claimchecks``).
 Not for: watching claims, or deciding anything about them (``tessera.agent.claimguard``,
 ``tessera.agent.plugin.claims``).
 """
@@ -49,15 +51,18 @@ async def read_resource_claim(api: KubeClient, namespace: str, name: str,
         raise
 
 
-FENCE_ANNOTATION = "tessera.dev/fence"
+FENCE_ANNOTATION = "tessera.dev/fence"  # a token the agent waits to see on its own claim watch
+ASK_ANNOTATION = "tessera.dev/claim-check"  # a token the operator answers (the agent watches no claims)
+ANSWER_ANNOTATION = "tessera.dev/claim-check-answer"  # the operator's answer: JSON, ``claim_check_answer``
+NODE_ANNOTATION = "tessera.dev/node"  # the node whose agent owns the fence claim
 
 
-async def write_claim_fence(api: KubeClient, namespace: str, name: str, token: str,
-                            timeout_s: float = 10.0) -> None:
-    """Set ``token`` on the fence claim ``namespace/name``, creating it on first use (a claim
-    that requests no device: nothing ever allocates it). ``ApiError`` on any other failure
-    (e.g. 404 when the namespace does not exist)."""
-    annotations = {FENCE_ANNOTATION: token}
+async def write_claim_fence(api: KubeClient, namespace: str, name: str, token: str, *, node: str,
+                            key: str = FENCE_ANNOTATION, timeout_s: float = 10.0) -> None:
+    """Set ``token`` under ``key`` on ``node``'s fence claim ``namespace/name``, creating it on
+    first use (a claim that requests no device: nothing ever allocates it). ``ApiError`` on any
+    other failure (e.g. 404 when the namespace does not exist)."""
+    annotations = {key: token, NODE_ANNOTATION: node}
     path = resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", name, namespace=namespace)
     try:
         await api.patch(path, {"metadata": {"annotations": annotations}}, timeout_s=timeout_s)
@@ -71,3 +76,10 @@ async def write_claim_fence(api: KubeClient, namespace: str, name: str, token: s
             "spec": {"devices": {}}}
     await api.create(resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", namespace=namespace),
                      body, timeout_s=timeout_s)
+
+
+async def write_claim_check_answer(api: KubeClient, namespace: str, name: str, answer: str,
+                                   timeout_s: float = 10.0) -> None:
+    """Set the operator's ``answer`` (``ANSWER_ANNOTATION``) on the fence claim ``namespace/name``."""
+    path = resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", name, namespace=namespace)
+    await api.patch(path, {"metadata": {"annotations": {ANSWER_ANNOTATION: answer}}}, timeout_s=timeout_s)

@@ -84,8 +84,19 @@ class GpuLayout(KubeModel):
         return self
 
 
+class ClaimCheck(StrEnum):
+    """Who answers the agent's check of its node's claims before it destroys a device."""
+
+    OPERATOR = "Operator"  # the operator that wrote the spec (tessera.controller.claimchecks)
+
+
 class NodeLayoutSpec(KubeModel):
     gpus: list[GpuLayout] = Field(default_factory=list, max_length=64, json_schema_extra=_ATOMIC)
+    claim_check: ClaimCheck | None = Field(
+        default=None,
+        description="Operator: before destroying or reshaping a device, the agent asks the operator (which reads "
+        "every claim) for the claims holding this node's devices. Unset: the agent watches every claim itself.",
+    )
 
     @model_validator(mode="after")
     def _one_layout_per_gpu(self) -> NodeLayoutSpec:

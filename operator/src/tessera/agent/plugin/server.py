@@ -342,7 +342,8 @@ async def serve_plugin(
 
     ``started`` gets the running plugin, e.g. to let the reconciler ask
     ``plugin.in_use_device_uuids()``; ``registry`` is the agent's, for the plugin's metrics;
-    ``claim_view`` the agent's claim watch, whose copy of a claim a prepare starts from."""
+    ``claim_view`` the agent's claim view, whose copy of a claim a prepare starts from (it
+    has copies only while the agent watches every claim itself)."""
     writer = KubeClaimStatusWriter(api, status_field_manager(config))
     plugin = KubeletPlugin(config, backend, KubeClaimReader(api), on_change, health, writer, observe, registry,
                            claim_view)

@@ -2,8 +2,10 @@
 claim that runs alongside the work, so the API round trip leaves the kubelet's path without
 leaving the plugin.
 
-The agent already keeps the claims allocated on its node (``tessera.agent.claimview``: one
-watch of ResourceClaims). When the kubelet asks to prepare a claim, ``ClaimSource.begin``
+An agent that watches every claim itself (for a NodeLayout spec without ``claimCheck:
+Operator``) already keeps the claims allocated on its node (``tessera.agent.claimview``); one
+that asks the operator watches no claims, keeps no copies, and every prepare reads its claim
+first. When the kubelet asks to prepare a claim, ``ClaimSource.begin``
 hands the preparer the watch's copy of it, if it has one with the UID the kubelet named, and
 starts a GET of the claim beside it. The preparer does its work (holds, CDI spec) from the
 watch's copy, and before the checkpoint is first written (for a DynamicMIG claim that is
