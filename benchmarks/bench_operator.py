@@ -289,8 +289,9 @@ class AgentFleet:
         }
         for name, agent in self.agents.items():  # fed by the one claim watch below, not a watch each
             agent.claims = ClaimView(api, driver=DRIVER_NAME, node=name, fence_namespace=INSTALL_NAMESPACE,
-                                     own_watch=False)
-        self.claim_watch = ListWatch(api, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", self._on_claim)
+                                     own_watch=False, relisting=lambda: self.claim_watch.relisting)
+        self.claim_watch = ListWatch(api, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", self._on_claim,
+                                     on_listed=self._relisted)
         self.passes = 0
         self.requests = 0  # API requests made inside agent passes (PASS_OF set), counted by count_requests
         self.recording = False
@@ -333,6 +334,10 @@ class AgentFleet:
             return
         for agent in self.agents.values():
             agent.claims.feed(kind, body)
+
+    def _relisted(self) -> None:
+        for agent in self.agents.values():
+            agent.claims.relisted()
 
     def count_requests(self) -> None:
         """Count every request the shared client sends from inside an agent pass."""

@@ -55,6 +55,23 @@ async def test_only_this_boots_fence_tokens_count() -> None:
     assert claims.held() == [], "the fence itself holds nothing"
 
 
+async def test_a_fence_echoed_in_the_middle_of_a_relist_counts_only_once_the_list_is_in() -> None:
+    """A relist passes a list on page by page: an echo on an early page says nothing of the
+    claims on later pages (the view still has their state from before the watch broke)."""
+    relisting = [True]
+    claims = ClaimView(cast(KubeClient, object()), driver=DRIVER, node="node-a", fence_namespace="tessera-system",
+                       own_watch=False, relisting=lambda: relisting[0])
+    fence = {"metadata": {"namespace": "tessera-system", "name": fence_claim_name("node-a"),
+                          "annotations": {FENCE_ANNOTATION: f"{claims._boot}-2"}}}
+    claims.feed("MODIFIED", fence)
+    claims.feed("ADDED", claim("later-page", (DRIVER, "node-a", "gpu-1")))
+    assert claims._seen == 0, "not proved while the list is being passed on"
+    relisting[0] = False
+    claims.relisted()
+    assert claims._seen == 2
+    assert [c["metadata"]["name"] for c in claims.held()] == ["later-page"]
+
+
 def test_a_long_node_name_gives_a_valid_fence_name() -> None:
     assert fence_claim_name("n1") == "tessera-fence-n1"
     long = fence_claim_name("x" * 253)

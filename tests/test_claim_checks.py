@@ -5,7 +5,6 @@ against the real apiserver is tests/integration/test_agent_claimguard.py."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, cast
 
 import pytest
@@ -14,7 +13,6 @@ from tessera import DRIVER_NAME
 from tessera.agent.claimguard import allocated_devices_on_node
 from tessera.agent.claimview import ClaimView, FenceError, fence_claim_name
 from tessera.controller.claimchecks import ClaimChecks
-from tessera.controller.freshclaims import FreshClaims
 from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION, NODE_ANNOTATION
 from tessera.kube.http import ApiError, KubeClient
 from tessera.localcluster.cluster import wait_for
@@ -47,42 +45,48 @@ def test_an_answer_round_trips_names_only_held_devices_and_reads_as_claims() -> 
 class Answers:
     """The operator's writes of answers, as they reach the apiserver."""
 
-    def __init__(self, fail: int = 0, status: int = 500) -> None:
+    def __init__(self, fail: int = 0, status: int = 500, delay: float = 0.0) -> None:
         self.sent: list[tuple[str, ClaimCheckAnswer]] = []
         self.fail = fail
         self.status = status
+        self.delay = delay
 
     async def __call__(self, namespace: str, name: str, answer: str) -> None:
+        await asyncio.sleep(self.delay)
         if self.fail:
             self.fail -= 1
             raise ApiError(self.status, "Failure", "refused")
         self.sent.append((name, ClaimCheckAnswer.decode(answer)))
 
 
-async def test_asks_are_answered_from_one_list_started_after_they_arrived_with_each_nodes_own_claims() -> None:
-    lists: list[float] = []
+def checks_with(answers: Answers, leading: asyncio.Event) -> ClaimChecks:
+    return ClaimChecks(cast(KubeClient, object()), answers, NS, leading, retry_after=0.01)
 
-    async def listing() -> list[dict[str, Any]]:
-        lists.append(time.monotonic())
-        return [claim_body("a", [("node-a", "gpu-0"), ("node-b", "gpu-1")]), claim_body("b", [("node-b", "gpu-2")])]
 
+async def test_an_ask_is_answered_with_the_claims_the_watch_passed_on_before_it() -> None:
+    """The answer is what the ordered watch holds when the ask comes by: claims before it are
+    in, a claim after it is not, a deallocated or deleted one is gone; each node gets its own
+    devices; a standby answers only once it leads; an answered ask is not answered again."""
     leading, answers = asyncio.Event(), Answers()
-    checks = ClaimChecks(FreshClaims(listing), answers, NS, leading, retry_after=0.01)
+    checks = checks_with(answers, leading)
     running = asyncio.create_task(checks.run())
     try:
-        checks.seen("ADDED", fence("node-x", "t-1", namespace="elsewhere"))  # not the install's namespace
-        checks.seen("ADDED", {"metadata": {"namespace": NS, "name": "unrelated"}})
-        arrived = time.monotonic()
+        checks.seen("ADDED", claim_body("a", [("node-a", "gpu-0"), ("node-b", "gpu-1")]))
+        checks.seen("ADDED", claim_body("b", [("node-b", "gpu-2")]))
+        checks.seen("ADDED", claim_body("gone", [("node-a", "gpu-5")]))
+        checks.seen("MODIFIED", claim_body("gone"))  # deallocated
+        checks.seen("ADDED", claim_body("deleted", [("node-b", "gpu-7")]))
+        checks.seen("DELETED", claim_body("deleted", [("node-b", "gpu-7")]))
+        checks.seen("ADDED", fence("node-x", "x-1", namespace="elsewhere"))  # not the install's namespace
         checks.seen("MODIFIED", fence("node-a", "a-1"))
         checks.seen("MODIFIED", fence("node-b", "b-7"))
+        checks.seen("ADDED", claim_body("later", [("node-a", "gpu-3")]))  # after the asks: not in their answers
         checks.seen("MODIFIED", fence("node-c", "c-1", answer=ClaimCheckAnswer.of("c-1", "node-c", ()).encode()))
         await asyncio.sleep(0.05)
         assert answers.sent == [], "a standby answers nothing"
 
         leading.set()
         await wait_for(lambda: len(answers.sent) == 2, timeout=5, interval=0.005)
-        assert len(lists) == 1, "one list for the asks that arrived together"
-        assert lists[0] >= arrived, "started after the asks arrived"
         by_node = {a.node: a for _, a in answers.sent}
         assert by_node["node-a"] == ClaimCheckAnswer("a-1", "node-a", {"default/a": ("gpu-0",)})
         assert by_node["node-b"] == ClaimCheckAnswer("b-7", "node-b",
@@ -94,20 +98,37 @@ async def test_asks_are_answered_from_one_list_started_after_they_arrived_with_e
         assert len(answers.sent) == 2, "an answered ask is not answered again"
         checks.seen("MODIFIED", fence("node-a", "a-2", answer=by_node["node-a"].encode()))
         await wait_for(lambda: len(answers.sent) == 3, timeout=5, interval=0.005)
-        assert answers.sent[-1][1].token == "a-2"
-        assert len(lists) == 2, "a later ask gets a list started after it"
+        assert answers.sent[-1][1] == ClaimCheckAnswer("a-2", "node-a", {"default/a": ("gpu-0",),
+                                                                          "default/later": ("gpu-3",)})
+        assert checks.answered == 3
     finally:
         running.cancel()
 
 
-async def test_an_answer_that_fails_is_sent_again_and_one_for_a_deleted_fence_is_dropped() -> None:
-    async def listing() -> list[dict[str, Any]]:
-        return []
+async def test_an_ask_seen_while_the_watch_passes_a_list_on_is_answered_once_the_list_is_in() -> None:
+    leading, answers = asyncio.Event(), Answers()
+    leading.set()
+    checks = checks_with(answers, leading)
+    running = asyncio.create_task(checks.run())
+    try:
+        checks.watch.relisting = True  # a list, page by page: the ask came on an early page
+        checks.seen("ADDED", fence("node-a", "a-1"))
+        checks.seen("ADDED", claim_body("on-a-later-page", [("node-a", "gpu-0")]))
+        await asyncio.sleep(0.05)
+        assert answers.sent == [], "no answer from half a list"
+        checks.watch.relisting = False
+        checks.listed()
+        await wait_for(lambda: answers.sent, timeout=5, interval=0.005)
+        assert answers.sent[0][1].claims == {"default/on-a-later-page": ("gpu-0",)}
+    finally:
+        running.cancel()
 
+
+async def test_failed_answers_are_written_again_one_for_a_deleted_fence_is_dropped_and_the_latest_lands_last() -> None:
     leading = asyncio.Event()
     leading.set()
     answers = Answers(fail=2)
-    checks = ClaimChecks(FreshClaims(listing), answers, NS, leading, retry_after=0.01)
+    checks = checks_with(answers, leading)
     running = asyncio.create_task(checks.run())
     try:
         checks.seen("MODIFIED", fence("node-a", "a-1"))
@@ -121,6 +142,14 @@ async def test_an_answer_that_fails_is_sent_again_and_one_for_a_deleted_fence_is
         await asyncio.sleep(0.05)
         assert gone.sent == [], "a fence claim deleted meanwhile is not answered again"
         assert checks.answered == 1
+
+        slow = Answers(delay=0.05)
+        checks._answer = slow
+        checks.seen("MODIFIED", fence("node-c", "c-1"))
+        await asyncio.sleep(0.01)  # c-1's answer is being written
+        checks.seen("MODIFIED", fence("node-c", "c-2"))
+        await wait_for(lambda: len(slow.sent) == 2, timeout=5, interval=0.005)
+        assert [a.token for _, a in slow.sent] == ["c-1", "c-2"], "the later ask's answer is written last"
     finally:
         running.cancel()
 

@@ -126,6 +126,32 @@ async def test_after_410_gone_a_relist_reports_what_changed_and_what_went_missin
     assert api.watched_from[:2] == ["10", "40"]
 
 
+async def test_a_list_is_marked_as_being_passed_on_until_every_page_and_deletion_is_in() -> None:
+    """``relisting`` is true for every event of a list, pages and deletions alike, and
+    ``on_listed`` comes after the last of them (a fence's echo is proof only from there)."""
+    api = ScriptedApi([obj("a", 1), obj("b", 2), obj("c", 3)], version=10)  # two pages
+    seen: list[tuple[str, str, bool]] = []
+    watch: ListWatch
+
+    def on_event(kind: str, body: dict[str, Any]) -> None:
+        seen.append((kind, body["metadata"]["name"], watch.relisting))
+
+    watch = ListWatch(cast(KubeClient, api), "example.dev", "v1", "widgets", on_event, stub=lambda body: body,
+                      on_listed=lambda: seen.append(("LISTED", "", watch.relisting)))
+
+    def expire() -> None:
+        api.objects = [obj("a", 1), obj("c", 30)]  # b went
+        api.version = 40
+
+    api.before_error = expire
+    api.scripts.append(([("MODIFIED", obj("a", 11))], ApiError(410, "Expired", "too old")))
+    await run_until(watch, api, watches=2)
+
+    assert seen == [("ADDED", "a", True), ("ADDED", "b", True), ("ADDED", "c", True), ("LISTED", "", False),
+                    ("MODIFIED", "a", False),
+                    ("MODIFIED", "a", True), ("MODIFIED", "c", True), ("DELETED", "b", True), ("LISTED", "", False)]
+
+
 async def test_an_error_is_retried_after_a_backoff_from_the_same_version_without_a_relist() -> None:
     api = ScriptedApi([obj("a", 1)], version=7)
     seen: list[str] = []

@@ -7,8 +7,8 @@ just before the agent would destroy it keeps its device, and the agent says whic
    which instance is claimed and whether the claim lands before or after the plan. The claims
    come from a cluster-wide quorum list, or from the agent's ``ClaimView``, one read proved per
    pass (``tessera.agent.passclaims``): by the operator's answer to its ask (the operator's
-   ``ClaimChecks``, fed by a watch of every claim as the Kopf handler feeds it), or by its own
-   claim watch and fence. Each must see the allocation just as surely.
+   ``ClaimChecks``, with its own watch of every claim), or by its own claim watch and fence.
+   Each must see the allocation just as surely.
 2. The agent process: a claim allocated, then at once a spec that would remove its instance;
    the agent keeps it, reports ``InstanceInUse`` naming the claim, and finishes the layout once
    the claim is gone.
@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tessera import DRIVER_NAME, INSTALL_NAMESPACE, RESOURCE_GROUP, RESOURCE_VERSION
+from tessera import DRIVER_NAME, INSTALL_NAMESPACE
 from tessera.agent.backends.base import GpuInfo, Inventory
 from tessera.agent.backends.simulated import SimulatedBackend, SimulatedHardware, parse_simulate_spec
 from tessera.agent.claimguard import ClaimGuard
@@ -39,10 +39,8 @@ from tessera.agent.reconciler import BlockReason, OpKind, apply_layout
 from tessera.agent.service import AgentConfig, NodeAgent
 from tessera.agent.status import build_status
 from tessera.controller.claimchecks import ClaimChecks
-from tessera.controller.freshclaims import FreshClaims
 from tessera.kube.claims import list_resource_claims, write_claim_check_answer
 from tessera.kube.http import KubeClient
-from tessera.kube.watch import ListWatch
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
@@ -104,15 +102,13 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
     loop = asyncio.get_running_loop()
     cluster.apply(NAMESPACE_YAML)
     views: list[ClaimView] = []
-    # The operator's side, for "operator-answer": its claim checks, told every claim event.
+    # The operator's side, for "operator-answer": its claim checks, with their own watch of claims.
     leading = asyncio.Event()
     leading.set()
-    checks = ClaimChecks(FreshClaims(lambda: list_resource_claims(api)), lambda ns, name, answer:
-                         write_claim_check_answer(api, ns, name, answer), INSTALL_NAMESPACE, leading)
-    operator_watch = ListWatch(api, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", checks.seen)
-    answering = asyncio.create_task(checks.run())
+    checks = ClaimChecks(api, lambda ns, name, answer: write_claim_check_answer(api, ns, name, answer),
+                         INSTALL_NAMESPACE, leading)
     if source == "operator-answer":
-        operator_watch.start()
+        checks.start()
 
     async def claims_of(node: str) -> Callable[[], Sequence[Mapping[str, Any]]]:
         if source == "list":
@@ -164,8 +160,7 @@ async def test_a_claim_allocated_between_plan_and_destroy_keeps_its_instance(
         if source == "operator-answer":
             assert checks.answered == 6, "one answer per round"
     finally:
-        answering.cancel()
-        await operator_watch.stop()
+        await checks.stop()
         for view in views:
             await view.stop()
         await api.close()

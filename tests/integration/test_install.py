@@ -24,12 +24,15 @@ import pytest
 import yaml
 
 from tessera import INSTALL_NAMESPACE
+from tessera.agent.claimview import fence_claim_name
+from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION, NODE_ANNOTATION
 from tessera.kube.claimstatus import ClaimGoneError, apply_claim_device_status
 from tessera.kube.http import ApiError, KubeClient
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
 from tessera.manifests import load_documents
+from tessera.models.claimcheck import ClaimCheckAnswer
 from tessera.models.quantity import parse_quantity
 from tests.integration.kube_helpers import (
     allocated_devices,
@@ -243,6 +246,10 @@ RBAC_MATRIX = [
     (OPERATOR_SA, "patch", "nodes", [], False),
     (OPERATOR_SA, "delete", "pods", ["-n", "team-a"], False),
     (OPERATOR_SA, "update", "resourceclaims.resource.k8s.io", ["--subresource=status", "-n", "team-a"], False),
+    # Its answers to the agents' claim checks, on their fence claims; no other claim.
+    (OPERATOR_SA, "patch", "resourceclaims.resource.k8s.io", ["-n", INSTALL_NAMESPACE], True),
+    (OPERATOR_SA, "patch", "resourceclaims.resource.k8s.io", ["-n", "team-a"], False),
+    (OPERATOR_SA, "create", "resourceclaims.resource.k8s.io", ["-n", INSTALL_NAMESPACE], False),
     (OPERATOR_SA, "create", "deviceclasses.resource.k8s.io", [], False),
     (OPERATOR_SA, "get", "secrets", ["-n", INSTALL_NAMESPACE], False),
     (AGENT_SA, "get", "nodes", [], True),
@@ -259,7 +266,7 @@ RBAC_MATRIX = [
     (AGENT_SA, "patch", "nodelayouts.tessera.dev", ["--subresource=status"], False),
     (AGENT_SA, "create", "resourceslices.resource.k8s.io", [], False),
     (AGENT_SA, "list", "resourceclaims.resource.k8s.io", ["--all-namespaces"], True),
-    (AGENT_SA, "watch", "resourceclaims.resource.k8s.io", ["--all-namespaces"], True),  # the claim guard's view
+    (AGENT_SA, "watch", "resourceclaims.resource.k8s.io", ["--all-namespaces"], True),  # its fence claim (by name)
     (AGENT_SA, "create", "resourceclaims.resource.k8s.io", ["-n", INSTALL_NAMESPACE], True),  # its fence claim
     (AGENT_SA, "patch", "resourceclaims.resource.k8s.io", ["-n", INSTALL_NAMESPACE], True),
     (AGENT_SA, "create", "resourceclaims.resource.k8s.io", ["-n", "team-a"], False),
@@ -356,6 +363,43 @@ async def test_admission_lets_an_agent_write_only_its_own_nodelayout(cluster: Lo
     refused = _replace_status(unbound, cluster, H100_NODE)
     assert refused.returncode != 0
     assert "this token names no node" in refused.stderr
+
+
+async def test_admission_lets_an_agent_write_only_its_own_fence_claim_and_never_an_answer(
+    cluster: LocalCluster, install: Install
+) -> None:
+    """An agent asks only about its own node, on its own fence claim, and cannot write the
+    operator's answer: else it could let another node destroy a device a claim holds."""
+    agent = install.agent_identities[H100_NODE]
+    for node in (H100_NODE, H200_NODE):  # each agent makes its fence claim as it starts
+        await wait_for(lambda n=node: get_or_none(cluster, "resourceclaim", fence_claim_name(n), "-n",
+                                                  INSTALL_NAMESPACE), timeout=60, message=f"{node}'s fence claim")
+
+    def annotate(fence_of: str, notes: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return agent.kubectl("patch", "resourceclaim", fence_claim_name(fence_of), "-n", INSTALL_NAMESPACE,
+                             "--type=merge", "-p", json.dumps({"metadata": {"annotations": notes}}))
+
+    own = annotate(H100_NODE, {ASK_ANNOTATION: "test-1", NODE_ANNOTATION: H100_NODE})
+    assert own.returncode == 0, own.stderr
+    asked_by_h100 = {ASK_ANNOTATION: "test-2", NODE_ANNOTATION: H100_NODE}
+    asks_about_h200 = {ASK_ANNOTATION: "test-3", NODE_ANNOTATION: H200_NODE}
+    answer = {ANSWER_ANNOTATION: ClaimCheckAnswer("forged-1", H100_NODE, {}).encode()}
+    refusals = [
+        ("may write only its fence claim", annotate(H200_NODE, asked_by_h100)),
+        ("may ask only about its own node", annotate(H100_NODE, asks_about_h200)),
+        ("the operator writes the answer to a claim check, not the agent", annotate(H100_NODE, answer)),
+    ]
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}
+    meta = {"name": fence_claim_name(H100_NODE) + "-x", "namespace": INSTALL_NAMESPACE,
+            "annotations": {NODE_ANNOTATION: H100_NODE}}
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
+             "spec": {"devices": {"requests": [request]}}}
+    created = agent.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(claim))
+    refusals.append(("may write only its fence claim", created))
+    for message, refused in refusals:
+        assert refused.returncode != 0, message
+        assert "tessera-agent-writes-only-its-own-fence-claim" in refused.stderr, refused.stderr
+        assert message in refused.stderr, refused.stderr
 
 
 async def test_admission_lets_an_agent_create_only_its_own_empty_nodelayout(

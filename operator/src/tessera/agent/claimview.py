@@ -3,12 +3,12 @@ without listing every claim of the cluster before each destroying operation. Two
 by the NodeLayout's ``spec.claimCheck``:
 
 - ``Operator`` (what the operator writes): the agent asks the operator, which watches every
-  claim anyway (``tessera.controller.claimchecks``). ``fresh()`` writes a new token on this
-  agent's fence claim (``tessera-fence-<node>`` in the install's namespace, ``ASK_ANNOTATION``),
-  and waits for the operator's answer with that token on the same claim, which this agent
-  watches alone (a watch of one object by name). The answer names the claims holding the
-  node's devices in a list of every claim that the operator started after the ask arrived.
-  The agent watches no other claim, so the cluster's claim events cost it nothing.
+  claim (``tessera.controller.claimchecks``). ``fresh()`` writes a new token on this agent's
+  fence claim (``tessera-fence-<node>`` in the install's namespace, ``ASK_ANNOTATION``), and
+  waits for the operator's answer with that token on the same claim, which this agent watches
+  alone (a watch of one object by name). The answer names the claims holding the node's
+  devices as the operator's watch had them when the ask came by in its order. The agent
+  watches no other claim, so the cluster's claim events cost it nothing.
 - unset (a spec written by hand, or by an operator before this one): one watch of every
   ResourceClaim keeps here the claims whose allocation has a result of our driver in this
   node's pool, and the fence claim; every other event is dropped as it arrives. ``fresh()``
@@ -16,12 +16,14 @@ by the NodeLayout's ``spec.claimCheck``:
   passes that write on, then answers from what it keeps.
 
 Why either is as safe as a quorum list of every claim started when ``fresh()`` began
-(``tessera.kube.claims.list_resource_claims``): the operator's answer comes from such a list,
-started later still. With the watch, the apiserver gives the fence write a resourceVersion
-after every change committed before it, and one watch of one resource delivers its events in
-resourceVersion order, with a relist (a consistent read) when it falls behind; so once the
-watch has delivered the fence, it has delivered every claim change committed before
-``fresh()`` began. When the ask or the fence cannot be written, or its answer or echo does not
+(``tessera.kube.claims.list_resource_claims``): the apiserver gives the ask or fence write a
+resourceVersion after every change committed before it, and one watch of one resource delivers
+its events in resourceVersion order, with a relist (a consistent read) when it falls behind; so
+once a watch of every claim has delivered the write, it has delivered every claim change
+committed before ``fresh()`` began. The operator's watch answers from there; this agent's own
+watch counts a fence's echo from there, and an echo that comes in the middle of a relist (a
+list is passed on page by page) only once the whole list is in (``relisted``). When the ask or
+the fence cannot be written, or its answer or echo does not
 come in time, ``fresh()`` raises, and the guard refuses the operation (``ClaimCheckFailed``):
 nothing is destroyed on a guess. A fence namespace that does not exist (a cluster without the
 install's namespace) falls back to the cluster-wide quorum list, as safe as before and as costly.
@@ -79,7 +81,8 @@ class ClaimView:
     """This node's claims, proved current by ``fresh()``; ``use()`` each pass, ``stop()`` at the end."""
 
     def __init__(self, api: KubeClient, *, driver: str, node: str, fence_namespace: str,
-                 timeout_s: float = 15.0, own_watch: bool = True) -> None:
+                 timeout_s: float = 15.0, own_watch: bool = True,
+                 relisting: Callable[[], bool] | None = None) -> None:
         self.api = api
         self.driver = driver
         self.node = node
@@ -102,6 +105,10 @@ class ClaimView:
         # process running many nodes' agents, as the benchmark's fleet does, shares one).
         self._own_watch = own_watch
         self.watch: ListWatch | None = None
+        # Whether the watch feeding ``feed`` is passing a list on (``ListWatch.relisting``): a
+        # fence's echo then proves nothing until the whole list is in (``relisted``).
+        self._relisting = relisting or (lambda: self.watch is not None and self.watch.relisting)
+        self._echoed = 0  # the last token echoed during a relist, counted once it is over
 
     async def use(self, *, asking: bool) -> None:
         """Prove claims current by asking the operator, or by a watch of every claim; starts
@@ -117,7 +124,7 @@ class ClaimView:
             await self.watch.stop()
         selector = f"metadata.name={self.fence_name},metadata.namespace={self.fence_namespace}" if asking else None
         self.watch = ListWatch(self.api, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", self.feed,
-                               field_selector=selector, stub=self._stub)
+                               field_selector=selector, stub=self._stub, on_listed=self.relisted)
         self.watch.start()
 
     async def stop(self) -> None:
@@ -151,6 +158,9 @@ class ClaimView:
             token = str(annotations.get(FENCE_ANNOTATION, ""))
             boot, _, count = token.partition("-")
             if boot == self._boot and count.isdigit() and int(count) > self._seen:
+                if self._relisting():  # the claims after it in the list are not in yet
+                    self._echoed = max(self._echoed, int(count))
+                    return
                 self._seen = int(count)
                 asyncio.get_running_loop().create_task(self._notify())
             return
@@ -160,6 +170,12 @@ class ClaimView:
             self._held[key] = without_managed_fields(body)
         else:
             self._held.pop(key, None)
+
+    def relisted(self) -> None:
+        """The watch has passed a whole list on: a fence echoed in it counts now."""
+        if not self.asking and self._echoed > self._seen:
+            self._seen = self._echoed
+            asyncio.get_running_loop().create_task(self._notify())
 
     def _take_answer(self, text: object) -> None:
         if not isinstance(text, str):

@@ -3,33 +3,39 @@
 Before an agent destroys or reshapes a published device it must know every claim allocated a
 device of its node, as fresh as a quorum read (``tessera.agent.claimguard``). A claim cannot be
 selected by node on the server (ResourceClaims select on name and namespace only), so an agent
-that watches claims gets every claim event of the cluster: at 5,000 nodes each claim event
-costs the apiserver about 45 ms of fan-out (9 µs per watcher, measured in stop 36), and a
-rollout's fence writes grow with the square of the fleet. The operator watches every claim
-anyway. So for a NodeLayout whose spec says ``claimCheck: Operator`` (every spec this operator
-writes), the agent asks it instead:
+that watches claims gets every claim event of the cluster: 14.8 µs of apiserver CPU per event
+and watcher (``benchmarks/bench_claim_fanout.py``), 74 ms per claim event at 5,000 agents. So
+for a NodeLayout whose spec says ``claimCheck: Operator`` (every spec this operator writes),
+the agent asks the operator instead:
 
 1. the agent writes a new token on its fence claim (``ASK_ANNOTATION``, with its node in
    ``NODE_ANNOTATION``) in the install's namespace;
-2. the claim watch (the Kopf handler) brings the ask here; it is noted with the moment it
-   arrived;
-3. the operator lists every claim (``FreshClaims``: one list, shared by every ask it serves)
-   started after the asks it answers arrived, and
-4. writes each asking node's answer on its fence claim (``ANSWER_ANNOTATION``): the token and
-   the claims holding the node's devices in that list (``tessera.models.claimcheck``).
+2. this room's watch of every claim brings the ask, and the answer is taken at that moment
+   from what the watch has passed on: the claims holding the node's devices;
+3. the answer (``tessera.models.claimcheck``) is written on the fence claim
+   (``ANSWER_ANNOTATION``); the agent watches that one claim, and takes only the answer to
+   the token it wrote.
 
-Why the answer is as fresh as the agent's own quorum list: the ask is written after the agent's
-check began, it arrives here after it was written, and the list starts after it arrived; a
-list asks for no resourceVersion, so the apiserver answers it from etcd with every allocation
-committed before it started. The agent takes only the answer with the token it wrote
-(``tessera.agent.claimview``), and refuses (``ClaimCheckFailed``) when none comes in time:
-nothing is destroyed on a guess.
+Why the answer is as fresh as a quorum list started when the agent's check began: the
+apiserver gives the ask a resourceVersion after every change committed before it, one watch of
+one resource delivers its events in resourceVersion order, and when it falls behind it lists
+again (a consistent read); so once the watch has passed the ask on, it has passed on every
+claim change committed before the agent asked. An ask seen in the middle of a list (the watch
+passes a list on page by page) is answered once the whole list is in (``ListWatch.relisting``).
+The agent refuses (``ClaimCheckFailed``) when no answer comes in time: nothing is destroyed on
+a guess.
 
-Cost: two small writes per check (the ask and the answer), each delivered to the few watchers
+Why a watch of its own and not the Kopf claim handler's events: Kopf hands each object's events
+to a worker of that object's own, so across objects it keeps no order, and an ask can be
+handled before an allocation committed ahead of it. The Kopf handler still drives every
+decision; this watch only answers asks. Its cost is one more watcher of every claim, whatever
+the number of agents.
+
+Cost per check: two small writes (the ask and the answer), each delivered to the few watchers
 of every claim (this operator, kube-scheduler, kube-controller-manager) and to the asking
-agent's watch of its own fence claim; and one list of every claim per batch of asks, however
-many agents ask together. Only the leader answers (its writes go through the gate); a standby
-notes asks, and answers those still open when it comes to lead.
+agent's watch of its own fence claim. Only the leader answers (its writes go through the gate);
+a standby takes its answers as asks arrive, and sends those still open when it comes to lead
+(an answer taken earlier is still true of what was committed before its ask).
 Not for: the handover's own check of claims (``handover``, ``freshclaims``).
 """
 
@@ -37,18 +43,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from prometheus_client import Counter, Histogram
 
-from tessera.controller.freshclaims import FreshClaims
-from tessera.controller.state import ClaimHold
+from tessera import DRIVER_NAME, RESOURCE_GROUP, RESOURCE_VERSION
 from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION, NODE_ANNOTATION
 from tessera.kube.fence import NotLeading
-from tessera.kube.http import ApiError
+from tessera.kube.http import ApiError, KubeClient
+from tessera.kube.watch import ListWatch
+from tessera.models.allocation import held_devices
 from tessera.models.claimcheck import AnswerError, ClaimCheckAnswer
 
 log = structlog.get_logger("tessera.operator")
@@ -66,107 +73,169 @@ class _Ask:
     node: str
     token: str
     arrived: float  # monotonic
+    answer: str  # the answer's JSON, taken when the ask was passed on
 
 
 class ClaimChecks:
-    """Asks seen on fence claims in ``namespace``, answered in batches by ``run()``."""
+    """Every claim's holds by node, from one ordered watch; asks on fence claims in
+    ``namespace`` answered from them. ``start()`` / ``stop()``."""
 
-    def __init__(self, fresh_claims: FreshClaims, answer: Answer, namespace: str,
-                 leading: asyncio.Event, retry_after: float = 1.0) -> None:
-        self.fresh_claims = fresh_claims
+    def __init__(self, client: KubeClient, answer: Answer, namespace: str, leading: asyncio.Event,
+                 driver: str = DRIVER_NAME, retry_after: float = 1.0) -> None:
         self._answer = answer
         self.namespace = namespace
+        self.driver = driver
         self._leading = leading
         self._retry_after = retry_after
-        self._open: dict[str, _Ask] = {}  # fence claim name -> its latest unanswered ask
-        self._answering: dict[str, _Ask] = {}  # fence claim name -> the ask a batch is answering now
+        self.watch = ListWatch(client, RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", self.seen,
+                               stub=self._stub, on_listed=self.listed)
+        self._held: dict[str, dict[str, tuple[str, ...]]] = {}  # node -> claim key -> its devices there
+        self._nodes_of: dict[str, tuple[str, ...]] = {}  # claim key -> the nodes it holds devices on
+        self._deferred: dict[str, tuple[str, str]] = {}  # fence name -> (node, token) asked during a list
+        self._open: dict[str, _Ask] = {}  # fence name -> its latest ask, answer taken, not yet written
+        self._answering: dict[str, _Ask] = {}  # fence name -> the ask whose answer is being written
         self._wake = asyncio.Event()
         self._sending = asyncio.Semaphore(SENDING)
+        self._task: asyncio.Task[None] | None = None
         self.answered = 0
 
-    def seen(self, event_type: str, body: Mapping[str, Any]) -> None:
-        """A ResourceClaim event: notes an ask on a fence claim that its answer does not match."""
+    def start(self) -> None:
+        self.watch.start()
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="tessera-claim-checks")
+
+    async def stop(self) -> None:
+        await self.watch.stop()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # -- the watch's consumer -----------------------------------------------------------------
+
+    def _fence(self, body: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]] | None:
+        """(name, node, annotations) of a fence claim in the install's namespace, else None."""
         meta = body.get("metadata") or {}
-        if meta.get("namespace") != self.namespace:
-            return
-        name = str(meta.get("name", ""))
         annotations = meta.get("annotations") or {}
-        token, node = annotations.get(ASK_ANNOTATION), annotations.get(NODE_ANNOTATION)
-        if event_type == "DELETED" or not token or not node:
+        node = annotations.get(NODE_ANNOTATION)
+        if meta.get("namespace") != self.namespace or not node:
+            return None
+        return str(meta.get("name", "")), str(node), annotations
+
+    def _stub(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Kept (to learn of its deletion after a relist): our claims and fence claims only."""
+        if self._fence(body) is None and not held_devices(body, self.driver):
+            return None
+        meta = body.get("metadata") or {}
+        return {"metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta}}
+
+    def seen(self, kind: str, body: Mapping[str, Any]) -> None:
+        """One ResourceClaim watch event, in the stream's order."""
+        fence = self._fence(body)
+        if fence is not None:
+            self._ask_seen(kind, *fence)
+            return
+        meta = body.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        for node in self._nodes_of.pop(key, ()):
+            claims = self._held[node]
+            claims.pop(key, None)
+            if not claims:
+                del self._held[node]
+        if kind == "DELETED":
+            return
+        by_node: dict[str, list[str]] = {}
+        for pool, device in held_devices(body, self.driver):
+            by_node.setdefault(pool, []).append(device)
+        if by_node:
+            self._nodes_of[key] = tuple(by_node)
+            for node, devices in by_node.items():
+                self._held.setdefault(node, {})[key] = tuple(sorted(devices))
+
+    def _ask_seen(self, kind: str, name: str, node: str, annotations: Mapping[str, Any]) -> None:
+        token = annotations.get(ASK_ANNOTATION)
+        if kind == "DELETED" or not token or _answered_token(annotations.get(ANSWER_ANNOTATION)) == token:
+            self._deferred.pop(name, None)
             self._open.pop(name, None)
             return
-        if _answered_token(annotations.get(ANSWER_ANNOTATION)) == token:
-            self._open.pop(name, None)
+        token = str(token)
+        asked = self._open.get(name) or self._answering.get(name)
+        if asked is not None and asked.token == token:
+            return  # taken already (this is the echo of another write to the claim)
+        if self.watch.relisting:  # the claims after it in the list are not in yet
+            self._deferred[name] = (node, token)
             return
-        ask = self._open.get(name)
-        if ask is None or ask.token != token:
-            self._open[name] = _Ask(str(node), str(token), time.monotonic())
-            self._wake.set()
+        self._take(name, node, token)
+
+    def _take(self, name: str, node: str, token: str) -> None:
+        answer = ClaimCheckAnswer.of(token, node, self._held.get(node, {}).items())
+        self._open[name] = _Ask(node, token, time.monotonic(), answer.encode())
+        self._wake.set()
+
+    def listed(self) -> None:
+        """The watch has passed a whole list on: asks seen in it are answered now."""
+        deferred, self._deferred = self._deferred, {}
+        for name, (node, token) in deferred.items():
+            self._take(name, node, token)
+
+    def holds_on(self, node: str) -> dict[str, tuple[str, ...]]:
+        """Claim key -> devices it holds on ``node``, as the watch has them (tests, debugging)."""
+        return dict(self._held.get(node, {}))
+
+    # -- answering ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Answer open asks until cancelled. Each batch (the asks open when the loop wakes, but
-        those being answered) is answered from one list started after they all arrived, in a
-        task of its own: asks arriving meanwhile start the next batch at once, and its list
-        starts as soon as the one in flight is read (``FreshClaims`` reads one at a time)."""
+        """Write the answers taken, while leading, until cancelled."""
         batches: set[asyncio.Task[None]] = set()
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
                 await self._leading.wait()
-                batch = {name: ask for name, ask in self._open.items() if self._answering.get(name) != ask}
+                # One answer in flight per fence claim: a later one must not be overwritten by an earlier.
+                batch = {name: ask for name, ask in self._open.items() if name not in self._answering}
                 if not batch:
                     continue
                 self._answering.update(batch)
-                task = asyncio.create_task(self._answer_batch(batch), name="tessera-claim-check-batch")
+                task = asyncio.create_task(self._send_batch(batch), name="tessera-claim-check-answers")
                 batches.add(task)
                 task.add_done_callback(batches.discard)
         finally:
             for task in batches:
                 task.cancel()
 
-    async def _answer_batch(self, batch: dict[str, _Ask]) -> None:
+    async def _send_batch(self, batch: dict[str, _Ask]) -> None:
         try:
-            holds = await self.fresh_claims.since(max(ask.arrived for ask in batch.values()))
-        except (ApiError, OSError, TimeoutError) as error:
-            log.warning("cannot list claims to answer claim checks; trying again", error=str(error))
-            failed = True
-        else:
-            results = await asyncio.gather(*(self._send(name, ask, holds.by_pool.get(ask.node, ()))
-                                             for name, ask in batch.items()))
-            failed = any(results)
+            failed = any(await asyncio.gather(*(self._send(name, ask) for name, ask in batch.items())))
         finally:
-            for name, ask in batch.items():
-                if self._answering.get(name) == ask:
-                    del self._answering[name]
+            for name in batch:
+                del self._answering[name]
         if failed:
-            await self._again()
+            await asyncio.sleep(self._retry_after)
+            self._wake.set()
+        elif any(name in self._open for name in batch):
+            self._wake.set()  # a newer ask came while this one's answer was written
 
-    async def _send(self, name: str, ask: _Ask, held: Iterable[ClaimHold]) -> BaseException | None:
-        answer = ClaimCheckAnswer.of(ask.token, ask.node, (
-            (hold.key, [device for pool, device in hold.devices if pool == ask.node]) for hold in held))
+    async def _send(self, name: str, ask: _Ask) -> bool:
+        """Write one answer; True when it failed (and is to be written again)."""
         try:
             async with self._sending:
-                await self._answer(self.namespace, name, answer.encode())
+                await self._answer(self.namespace, name, ask.answer)
         except ApiError as error:
             if error.status != 404:
                 log.warning("cannot answer a claim check", claim=f"{self.namespace}/{name}", error=str(error))
-                return error
+                return True
             # The fence claim is gone: its agent asks again on a new one.
         except (OSError, TimeoutError, NotLeading) as error:
             log.warning("cannot answer a claim check", claim=f"{self.namespace}/{name}", error=str(error))
-            return error
+            return True
         else:
             self.answered += 1
             ANSWERS.inc()
             ANSWER_SECONDS.observe(time.monotonic() - ask.arrived)
         if self._open.get(name) == ask:
             del self._open[name]
-        return None
-
-    async def _again(self) -> None:
-        await asyncio.sleep(self._retry_after)
-        self._wake.set()
+        return False
 
 
 def _answered_token(text: object) -> str | None:

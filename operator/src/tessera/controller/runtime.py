@@ -83,12 +83,10 @@ class Controller:
         self._term_tasks: list[asyncio.Task[None]] = []
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
-        fresh_claims = FreshClaims(lambda: self.api.list_all(*CLAIMS))  # one list serves both rooms below
-        self.handover = Handover(fresh_claims, handover_grace, self.queue.later, self.enqueue,
-                                 self.api.client.outages, known=lambda: self.ready.is_set())
+        self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later,
+                                 self.enqueue, self.api.client.outages, known=lambda: self.ready.is_set())
         # The agents' checks of their nodes' claims (for specs that say claimCheck: Operator).
-        self.claim_checks = ClaimChecks(fresh_claims, self._answer_claim_check, INSTALL_NAMESPACE, self.leading)
-        self._claim_checks_task: asyncio.Task[None] | None = None
+        self.claim_checks = ClaimChecks(self.api.client, self._answer_claim_check, INSTALL_NAMESPACE, self.leading)
         self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
@@ -169,7 +167,7 @@ class Controller:
         self._status_task = asyncio.create_task(self.statuses.run(self.queue.swept, self.leading),
                                                 name="tessera-policy-status")
         self.demand.start()
-        self._claim_checks_task = asyncio.create_task(self.claim_checks.run(), name="tessera-claim-checks")
+        self.claim_checks.start()
         self.ready.set()
 
     async def _learn_apiserver_starts(self) -> None:
@@ -261,11 +259,11 @@ class Controller:
         for watch in self._watches:
             await watch.stop()
         await self.queue.stop()
-        for running in (self._status_task, self._claim_checks_task):
-            if running is not None:
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await running
+        await self.claim_checks.stop()
+        if self._status_task is not None:
+            self._status_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._status_task
 
     # -- writes (each through the one door) ------------------------------------------------
 
@@ -444,7 +442,6 @@ class Controller:
         else:
             nodes = self.fleet.set_claim(body)
         self.demand.claim_seen(event_type, body)
-        self.claim_checks.seen(event_type, body)
         self.enqueue(*sorted(nodes))
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:

@@ -136,7 +136,7 @@ class ListWatch:
                  label_selector: str | None = None, field_selector: str | None = None,
                  stub: Stub = metadata_stub, timeout_seconds: int = 300,
                  backoff: Sequence[float] = RETRY_BACKOFF, page_size: int = 500,
-                 idle_timeout: float | None = None) -> None:
+                 idle_timeout: float | None = None, on_listed: Callable[[], None] | None = None) -> None:
         self.client = client
         self.path = resource_path(group, version, plural)
         self.api_version = f"{group}/{version}" if group else version
@@ -152,6 +152,12 @@ class ListWatch:
         self.known: dict[str, Seen] = {}  # namespace/name -> the object as last seen
         self.lists = 0  # how many times it listed (the first, then one per 410 Gone)
         self.listed = asyncio.Event()  # set once the first list has been passed on
+        # True while a list is being passed on, page by page: the events passed on so far are a
+        # part of one snapshot, the rest of the consumer's view is older. A consumer that proves
+        # something by an event's place in the stream (a fence's echo) waits for ``on_listed``,
+        # called once every object of the list, and every deletion it implies, has been passed on.
+        self.relisting = False
+        self.on_listed = on_listed
         self._task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
@@ -221,6 +227,7 @@ class ListWatch:
         seen: dict[str, Seen] = {}
         token: str | None = None
         version = ""
+        self.relisting = True
         while True:
             page = await self.client.list_page(self.path, label_selector=self.label_selector,
                                                field_selector=self.field_selector, limit=self.page_size,
@@ -251,7 +258,10 @@ class ListWatch:
         self.lists += 1
         for entry in gone:
             self._call("DELETED", entry.stub())
+        self.relisting = False
         self.listed.set()
+        if self.on_listed is not None:
+            self.on_listed()
         return version
 
     def _deliver(self, kind: str, body: dict[str, Any]) -> None:
