@@ -181,8 +181,8 @@ async def test_the_agent_takes_only_the_answer_to_its_own_latest_ask() -> None:
     with pytest.raises(FenceError, match="no pass has chosen"):
         await view.fresh()
     await view.use(asking=True)
-    view.feed("MODIFIED", claim_body("mine", [("node-a", "gpu-0")]))  # a shared watch's event: not kept
-    assert view.held() == []
+    view.feed("MODIFIED", claim_body("mine", [("node-a", "gpu-0")]))  # a shared watch's event
+    assert view.held() == [], "an agent that asks reads the operator's answer, not a watch"
 
     def answer(token: str, node: str = "node-a", claims: dict[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
         text = ClaimCheckAnswer(token, node, claims if claims is not None else {"ml/a": ("gpu-3",)}).encode()

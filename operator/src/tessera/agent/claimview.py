@@ -53,6 +53,7 @@ from tessera.kube.claims import (
     ANSWER_ANNOTATION,
     ASK_ANNOTATION,
     FENCE_ANNOTATION,
+    FENCE_PREFIX,
     list_resource_claims,
     write_claim_fence,
 )
@@ -67,10 +68,10 @@ MAX_NAME = 253
 
 def fence_claim_name(node: str) -> str:
     """``tessera-fence-<node>``; a long node name is shortened with a digest (names are ≤ 253)."""
-    name = f"tessera-fence-{node}"
+    name = f"{FENCE_PREFIX}{node}"
     if len(name) <= MAX_NAME:
         return name
-    return f"tessera-fence-{node[:200]}-{hashlib.sha256(node.encode()).hexdigest()[:16]}"
+    return f"{FENCE_PREFIX}{node[:200]}-{hashlib.sha256(node.encode()).hexdigest()[:16]}"
 
 
 class FenceError(Exception):
@@ -116,10 +117,10 @@ class ClaimView:
         if asking == self.asking:
             return
         self.asking = asking
-        self._held.clear()
         self._answer = None
         if not self._own_watch:
-            return
+            return  # the owner's watch of every claim goes on feeding the view either way
+        self._held.clear()  # the new watch lists what it keeps afresh
         if self.watch is not None:
             await self.watch.stop()
         selector = f"metadata.name={self.fence_name},metadata.namespace={self.fence_namespace}" if asking else None
@@ -164,8 +165,6 @@ class ClaimView:
                 self._seen = int(count)
                 asyncio.get_running_loop().create_task(self._notify())
             return
-        if self.asking:
-            return  # a shared watch of every claim (the benchmark's fleet): the operator answers
         if kind != "DELETED" and self._names_this_node(body):
             self._held[key] = without_managed_fields(body)
         else:

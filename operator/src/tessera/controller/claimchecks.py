@@ -51,7 +51,7 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from tessera import DRIVER_NAME, RESOURCE_GROUP, RESOURCE_VERSION
-from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION, NODE_ANNOTATION
+from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION, FENCE_PREFIX, NODE_ANNOTATION
 from tessera.kube.fence import NotLeading
 from tessera.kube.http import ApiError, KubeClient
 from tessera.kube.watch import ListWatch
@@ -117,10 +117,10 @@ class ClaimChecks:
         """(name, node, annotations) of a fence claim in the install's namespace, else None."""
         meta = body.get("metadata") or {}
         annotations = meta.get("annotations") or {}
-        node = annotations.get(NODE_ANNOTATION)
-        if meta.get("namespace") != self.namespace or not node:
+        node, name = annotations.get(NODE_ANNOTATION), str(meta.get("name", ""))
+        if meta.get("namespace") != self.namespace or not node or not name.startswith(FENCE_PREFIX):
             return None
-        return str(meta.get("name", "")), str(node), annotations
+        return name, str(node), annotations
 
     def _stub(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Kept (to learn of its deletion after a relist): our claims and fence claims only."""
