@@ -1,5 +1,5 @@
 """The operator's answer to an agent's claim check: which claims hold which of the node's
-devices, from a list of every claim that started after the agent asked.
+devices, as the operator's ordered watch of every claim had them when the ask came by.
 
 The agent asks by writing a token on its fence claim (``tessera.kube.claims.ASK_ANNOTATION``);
 the operator answers on the same claim (``ANSWER_ANNOTATION``) with this JSON::
