@@ -14,8 +14,8 @@ rollout's handover) and the no-op restart, and prints
 Per N it also prints two lines a script can compare across runs:
 ``rollout/floor N=<n>: <ratio>x (rollout <s> s, floor <s> s)`` and
 ``agent requests per pass N=<n>: <k>`` (the API requests an agent pass makes, averaged over the
-rollout's passes: the NodeLayout read, the status write, and the claim guard's fence writes; the
-watches' streams are not requests per pass and are not counted).
+rollout's passes: the NodeLayout read, the status write, and the claim guard's ask (or fence)
+writes; the watches' streams are not requests per pass and are not counted).
 
 For each N: start etcd, kube-apiserver, controller manager and scheduler on loopback; apply
 ``crds/`` and ``manifests/deviceclasses.yaml``; create N Nodes in one ``kubectl create``; start
@@ -44,7 +44,7 @@ can at best share one grace among all nodes), is the floor, as issue 22 defines 
 each time, and the rollout (policy -> all slices show the MIG layout) divided by the floor. The
 floor leaves out what a rollout cannot: the agents' status writes, the watches' traffic. So a
 second floor replays the agents' writes too, in their places (each node's status write after
-its new spec, and the claim guard's fence write before it), and prints
+its new spec, and the claim guard's check before it: its ask and the operator's answer), and prints
 ``rollout/floor with the agents' writes N=<n>: <ratio>x``: what the operator's orchestration
 (the waits, the queue, the watches) adds to the writes a rollout must make.
 
@@ -53,7 +53,8 @@ node's agent. Each node has a real ``tessera.agent.service.NodeAgent`` over its 
 ``SimulatedBackend``, and its pass is the agent's own ``NodeAgent.reconcile_once`` (ensure
 the NodeLayout owned by the Node, read the spec, ``apply_layout`` on the simulated GPUs,
 ``build_status``, write the status through the status subresource when it changed) with its own
-``ClaimView`` (the claim guard's fence is the agent's own write). Only the per-process plumbing
+``ClaimView`` (the claim guard's ask is the agent's own write, answered by the operator under
+test). Only the per-process plumbing
 differs: one watch on all NodeLayouts and one on all ResourceClaims instead of one each per node
 (each node's ClaimView is fed from the shared claim watch), a bounded
 pool of passes (``--concurrency``), no health thread, no HTTP server and no 30 s resync (a
@@ -598,7 +599,8 @@ class RolloutWrites:
     """The writes made to our ResourceSlices and to NodeLayout specs while ``recording``, as the
     watches saw them: one entry per write (a watch passes every write on), by node. Apart, in
     ``agents_by_node``, the agents' writes: each NodeLayout status write after the node's new
-    spec, and the claim guard's fence write the pass made before it."""
+    spec, and the claim guard's check the pass made before it (replayed as its ask and the
+    operator's answer: ``write_one``'s "fence")."""
 
     def __init__(self) -> None:
         self.recording = False

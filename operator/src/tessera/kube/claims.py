@@ -53,7 +53,7 @@ async def read_resource_claim(api: KubeClient, namespace: str, name: str,
 
 FENCE_ANNOTATION = "tessera.dev/fence"  # a token the agent waits to see on its own claim watch
 ASK_ANNOTATION = "tessera.dev/claim-check"  # a token the operator answers (the agent watches no claims)
-ANSWER_ANNOTATION = "tessera.dev/claim-check-answer"  # the operator's answer: JSON, ``claim_check_answer``
+ANSWER_ANNOTATION = "tessera.dev/claim-check-answer"  # the operator's answer (tessera.models.claimcheck)
 NODE_ANNOTATION = "tessera.dev/node"  # the node whose agent owns the fence claim
 FENCE_PREFIX = "tessera-fence-"  # every fence claim's name begins so (tessera.agent.claimview.fence_claim_name)
 
