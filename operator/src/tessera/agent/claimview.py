@@ -156,19 +156,25 @@ class ClaimView:
             if self.asking:
                 self._take_answer(annotations.get(ANSWER_ANNOTATION))
                 return
-            token = str(annotations.get(FENCE_ANNOTATION, ""))
-            boot, _, count = token.partition("-")
-            if boot == self._boot and count.isdigit() and int(count) > self._seen:
+            count = self._newer(str(annotations.get(FENCE_ANNOTATION, "")))
+            if count is not None:
                 if self._relisting():  # the claims after it in the list are not in yet
-                    self._echoed = max(self._echoed, int(count))
+                    self._echoed = max(self._echoed, count)
                     return
-                self._seen = int(count)
+                self._seen = count
                 asyncio.get_running_loop().create_task(self._notify())
             return
         if kind != "DELETED" and self._names_this_node(body):
             self._held[key] = without_managed_fields(body)
         else:
             self._held.pop(key, None)
+
+    def _newer(self, token: str) -> int | None:
+        """The count of ``token`` when this boot wrote it and nothing later was seen yet, else None."""
+        boot, _, count = token.partition("-")
+        if boot != self._boot or not count.isdigit() or int(count) <= self._seen:
+            return None
+        return int(count)
 
     def relisted(self) -> None:
         """The watch has passed a whole list on: a fence echoed in it counts now."""
@@ -184,10 +190,10 @@ class ClaimView:
         except AnswerError as error:
             log.warning("cannot read the operator's claim check answer", claim=self.fence_name, error=str(error))
             return
-        boot, _, count = answer.token.partition("-")
-        if answer.node != self.node or boot != self._boot or not count.isdigit() or int(count) <= self._seen:
-            return  # for an earlier agent on this node, or an older ask
-        self._seen = int(count)
+        count = self._newer(answer.token)
+        if answer.node != self.node or count is None:
+            return  # for another node, an earlier agent on this node, or an older ask
+        self._seen = count
         self._answer = answer
         asyncio.get_running_loop().create_task(self._notify())
 
