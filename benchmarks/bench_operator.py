@@ -947,8 +947,8 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
             f"/{cpu.get('bench (fleet)', 0):.1f}"
         )
         # What the machine's cores allow: every process's CPU from the policy to the last slice
-        # over the cores is a wall time no orchestration can beat here (the fleet's agents, real
-        # nodes' work elsewhere, run on these cores too).
+        # over the cores is a wall time no orchestration can beat here (the fleet's agents, whose
+        # work real nodes would do elsewhere, run on these cores too).
         assert cpu_to_published is not None
         cores = os.cpu_count() or 1
         bound = cpu_to_published / cores
