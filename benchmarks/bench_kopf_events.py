@@ -33,7 +33,7 @@ from tessera.models.claimcheck import ClaimCheckAnswer
 def fence_claim() -> dict[str, Any]:
     node = "bench-00042"
     held = {f"team-{i}/train-{i}": (f"gpu-{i}",) for i in range(8)}
-    answer = ClaimCheckAnswer.of("boot-1/17", node, held.items()).encode()  # type: ignore[arg-type]
+    answer = ClaimCheckAnswer.of("boot-1/17", node, held.items()).encode()
     return {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": f"tessera-fence-{node}", "namespace": INSTALL_NAMESPACE, "uid": "u-1",

@@ -40,8 +40,10 @@ from tessera.kube.http import KubeClient, resource_path  # noqa: E402
 from tessera.localcluster import LocalCluster  # noqa: E402
 
 CRD = ROOT / "crds" / "tessera.dev_nodelayouts.yaml"
-GROUPS = {"": "tessera.dev", "status schemaless": "status-loose.bench.tessera.dev",
-          "spec and status schemaless": "all-loose.bench.tessera.dev"}
+# Copies of the NodeLayout CRD in groups of their own: variant -> (group, the parts left schemaless)
+LOOSE = {"status schemaless": ("status-loose.bench.tessera.dev", ("status",)),
+         "spec and status schemaless": ("all-loose.bench.tessera.dev", ("status", "spec"))}
+GROUPS = {"": "tessera.dev"} | {variant: group for variant, (group, _) in LOOSE.items()}
 
 
 def loose_copy(crd: dict[str, Any], group: str, loose: tuple[str, ...]) -> dict[str, Any]:
@@ -74,11 +76,9 @@ async def run(objects: int, rounds: int) -> None:
     try:
         cluster.apply(ROOT / "crds")
         crd = yaml.safe_load(CRD.read_text())
-        for loose, group in (((), ""), (("status",), GROUPS["status schemaless"]),
-                             (("status", "spec"), GROUPS["spec and status schemaless"])):
-            if group:
-                await kube.create(resource_path("apiextensions.k8s.io", "v1", "customresourcedefinitions"),
-                                  loose_copy(crd, group, loose))
+        for group, loose in LOOSE.values():
+            await kube.create(resource_path("apiextensions.k8s.io", "v1", "customresourcedefinitions"),
+                              loose_copy(crd, group, loose))
         await asyncio.sleep(5)  # the copies' endpoints come up
         body = layout_body("bench", "8xH100-80GB")
 
@@ -111,7 +111,7 @@ async def run(objects: int, rounds: int) -> None:
         for _ in range(2):
             await timed("NodeLayout of 8 MIG GPUs: the agent's status write", objects, status_write, rounds)
             await timed("NodeLayout of 8 MIG GPUs: a label patch", objects, label(GROUPS[""], "mig"), rounds)
-            for variant in ("status schemaless", "spec and status schemaless"):
+            for variant in LOOSE:
                 await timed(f"  the same, {variant}", objects, label(GROUPS[variant], "mig"), rounds)
             await timed("empty NodeLayout: a label patch", objects, label(GROUPS[""], "empty"), rounds)
             await timed("ConfigMap of 5 KB: a label patch", objects, label("", "cm", "default"), rounds)

@@ -38,4 +38,3 @@ def test_the_events_only_diff_base_builds_nothing_and_tells_no_change() -> None:
     storage.store(body=body, patch=patch, essence=new)
     assert not patch  # Kopf writes nothing to the object
     assert dict(body) == CLAIM  # and nothing of it was touched
-
