@@ -248,6 +248,12 @@ class LocalCluster:
             f"--cert-dir={self.workdir / 'scheduler-certs'}",
             "--profiling=false",
             "--v=0",
+            # kube-scheduler 1.36.5 counts a claim's consumed capacity twice for the few
+            # milliseconds between its informer seeing the allocation and PreBind dropping the
+            # claim from its in-flight set. A Pod tried then on a device with just enough room is
+            # refused and waits in the unschedulable queue, which later allocations do not wake,
+            # for five minutes by default. Here it waits 10 s (plus the queue's 30 s sweep).
+            "--pod-max-in-unschedulable-pods-duration=10s",
             *self.scheduler_args,
         ])
         self._wait(lambda: _http_ok(f"https://127.0.0.1:{kcm_port}/healthz", insecure=True),
