@@ -88,22 +88,26 @@ class LocalCluster:
     controllers: tuple[str, ...] = CONTROLLERS
     scheduler_args: tuple[str, ...] = ()
     controller_manager_args: tuple[str, ...] = ()
+    apiserver_args: tuple[str, ...] = ()
 
     @classmethod
     def start(cls, binaries: Binaries | None = None, workdir: Path | None = None,
               timeout: float = 120.0, controllers: tuple[str, ...] = CONTROLLERS,
-              scheduler_args: tuple[str, ...] = (), controller_manager_args: tuple[str, ...] = ()) -> Self:
+              scheduler_args: tuple[str, ...] = (), controller_manager_args: tuple[str, ...] = (),
+              apiserver_args: tuple[str, ...] = ()) -> Self:
         """Build (if needed) and start every component; return once the apiserver is ready
         and the scheduler and controller manager answer their health checks. ``controllers``:
         which of kube-controller-manager's controllers run (add ``WORKLOAD_CONTROLLERS`` for
         real nodes that run Deployments and DaemonSets); ``scheduler_args``: extra
-        kube-scheduler flags (benchmarks raise its client rate limits); ``controller_manager_args``:
-        the same for kube-controller-manager."""
+        kube-scheduler flags (benchmarks raise its client rate limits); ``controller_manager_args``
+        and ``apiserver_args``: the same for kube-controller-manager and kube-apiserver (a
+        benchmark turns the apiserver's profiling on)."""
         binaries = binaries or ensure_binaries()
         own = workdir is None
         workdir = workdir or Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
         cluster = cls(binaries=binaries, workdir=workdir, _own_workdir=own, controllers=controllers,
-                      scheduler_args=scheduler_args, controller_manager_args=controller_manager_args)
+                      scheduler_args=scheduler_args, controller_manager_args=controller_manager_args,
+                      apiserver_args=apiserver_args)
         try:
             cluster._start(timeout)
         except BaseException:
@@ -219,6 +223,7 @@ class LocalCluster:
             f"--cert-dir={self.workdir / 'apiserver-certs'}",
             "--profiling=false",
             "--v=0",
+            *self.apiserver_args,
         ])
         self._wait(self._apiserver_ready, apiserver, deadline, "kube-apiserver /readyz")
         self.kubeconfig = self.workdir / "kubeconfig"
