@@ -28,7 +28,8 @@ from tessera.localcluster.processes import TesseraProcesses  # noqa: E402
 
 
 async def one(seed: int, steps: int, nodes: int) -> CampaignReport:
-    """One seed's campaign; its processes' logs are kept (and named) if it fails or finds a violation."""
+    """One seed's campaign; its processes' logs are kept (and named) if it fails, finds a
+    violation, or its restarted operator writes."""
     folder = Path(tempfile.mkdtemp(prefix=f"tessera-campaign-{seed}-"))
     kept = True
     with LocalCluster.start() as cluster:
@@ -39,7 +40,7 @@ async def one(seed: int, steps: int, nodes: int) -> CampaignReport:
             campaign = Campaign(cluster, processes, seed, nodes)
             await campaign.setup()
             report = await campaign.run(steps)
-            kept = bool(report.violations)
+            kept = bool(report.violations) or report.restart_writes != 0
             return report
         finally:
             processes.stop_all()

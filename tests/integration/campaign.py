@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.controller.decide import published_device_names
+from tessera.dra.devices import DRAIN_TAINT_KEY, RESERVED_TAINT_KEY
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
@@ -95,6 +96,7 @@ class CampaignReport:
     stale_allocations: list[str] = field(default_factory=list)
     convergence: list[float] = field(default_factory=list)  # seconds from faults stopping to converged
     restart_writes: float = -1.0
+    restart_write_kinds: dict[str, float] = field(default_factory=dict)  # by the metric's labels
     writes_checked: int = 0  # operator writes set against every replica's terms (never two writers)
     leader_terms: int = 0
     recuts_for_claims: int = 0  # AdaptiveRecut Events: GPUs an Adaptive policy recut for a waiting claim
@@ -115,7 +117,8 @@ class CampaignReport:
             f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations "
             f"({len(self.stale_allocations)} stale-view allocations of removed devices apart); "
             f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
-            f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}; "
+            f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}"
+            f"{' ' + str(self.restart_write_kinds) if self.restart_write_kinds else ''}; "
             f"adaptive recuts for waiting claims: {self.recuts_for_claims}, nodes kept for pairs: {self.nodes_kept}; "
             f"{self.writes_checked} operator writes in {self.leader_terms} leader terms checked for a second writer"
         )
@@ -546,6 +549,20 @@ class Campaign:
                 print(json.dumps({"name": body["metadata"]["name"], "spec": body.get("spec"),
                                   "status": body.get("status")}, indent=1)[:4000])
             raise
+
+        def untainted() -> bool:
+            # With every claim gone nothing is kept for a claim or drained for one: a taint that
+            # stayed would keep the device off every claim, and a restarted operator (which knows
+            # of no reservation) would lift it, a write the restart check would blame on it.
+            slices = self._items("resourceslices")
+            return slices is not None and not any(
+                t.get("key") in (RESERVED_TAINT_KEY, DRAIN_TAINT_KEY)
+                for s in slices if s["spec"]["driver"] == DRIVER
+                for d in s["spec"].get("devices") or [] for t in d.get("taints") or []
+            )
+
+        await wait_for(untainted, timeout=120, interval=0.5,
+                       message="no device to stay tainted for a drain or a reservation once every claim is gone")
         await self.wait_converged(timeout=120)
 
     async def restart_writes(self) -> float:
@@ -564,4 +581,7 @@ class Campaign:
             return metrics if done >= len(layouts) and passes >= 1 else None
 
         metrics = await wait_for(reconciled, timeout=90, message="the restarted operator to reconcile every node")
-        return float(sum(v for k, v in metrics.items() if k.startswith("tessera_operator_api_writes_total")))
+        writes = {k.removeprefix("tessera_operator_api_writes_total"): v for k, v in metrics.items()
+                  if k.startswith("tessera_operator_api_writes_total") and v}
+        self.report.restart_write_kinds = writes
+        return float(sum(writes.values()))

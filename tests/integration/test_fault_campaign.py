@@ -31,4 +31,4 @@ async def test_a_seeded_fault_campaign_loses_no_allocated_device_and_converges(
     assert report.checks > 10, "the invariants were looked at throughout"
     assert report.violations == []
     assert report.convergence, "every quiet period converged (wait_converged raises otherwise)"
-    assert report.restart_writes == 0, "a restart with nothing new writes nothing"
+    assert report.restart_writes == 0, f"a restart with nothing new writes nothing: {report.restart_write_kinds}"
