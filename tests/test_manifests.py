@@ -21,6 +21,7 @@ import tessera
 from tessera import INSTALL_NAMESPACE
 from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_REGISTRY_DIR, PluginConfig
+from tessera.dra.deviceclasses import device_classes
 from tessera.dra.nics import NIC_DRIVER
 from tessera.localcluster.processes import AGENT_ENVIRONMENT
 from tessera.manifests import (
@@ -333,6 +334,10 @@ OPERATOR_RESOURCES = {
         ("kube/objects.py", '"resourceclaims"'), ("controller/handlers.py", "CLAIMS")],
     ("resource.k8s.io", "resourceslices"): [
         ("kube/objects.py", '"resourceslices"'), ("controller/runtime.py", "*SLICES")],
+    ("resource.k8s.io", "deviceclasses"): [
+        ("kube/objects.py", '"deviceclasses"'),
+        ("controller/runtime.py", "resource_path(*DEVICE_CLASSES, device_class)"),
+    ],
     ("", "pods/eviction"): [("kube/objects.py", 'subresource="eviction"')],
     ("", "pods"): [("controller/demand.py", 'PODS = ("", "v1", "pods")'), ("controller/runtime.py", "*PODS")],
     ("", "events"): [("kube/objects.py", 'resource_path("", "v1", "events"')],
@@ -387,6 +392,13 @@ def test_no_rule_uses_wildcards_or_touches_secrets() -> None:
         for rule in doc.get("rules", []):
             assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], doc["metadata"]["name"]
             assert "secrets" not in rule["resources"]
+
+
+def test_the_operator_may_only_annotate_tesseras_own_device_classes() -> None:
+    rules_ = [r for r in rules("ClusterRole", "tessera-operator") if "deviceclasses" in r["resources"]]
+    assert len(rules_) == 1
+    assert rules_[0]["verbs"] == ["patch"], "no create, update or delete: the install owns the classes"
+    assert set(rules_[0]["resourceNames"]) == {c["metadata"]["name"] for c in device_classes()}
 
 
 def test_agent_cannot_write_specs_slices_or_other_objects() -> None:

@@ -36,8 +36,6 @@ Not for: deciding the layouts (``tessera.adaptive``) or writing NodeLayouts (the
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -62,6 +60,7 @@ from tessera.adaptive.choose import (
 from tessera.adaptive.claims import ClaimDemand, Slot, claim_demand, class_selectors
 from tessera.adaptive.layouts import slots_of
 from tessera.controller.decide import NodeDecision
+from tessera.controller.periodic import Periodic
 from tessera.controller.state import Fleet
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.devices import RESERVED_TAINT_KEY, build_gpu_devices
@@ -213,7 +212,7 @@ class AdaptiveDemand:
         self.menus = MenuCache()
         self.last_plan: RecutPlan | None = None
         self.reserved: dict[str, str] = {}  # claim -> the node kept for it
-        self._task: asyncio.Task[None] | None = None
+        self._passes = Periodic(self.run_pass, lambda: self.interval, "tessera-adaptive")
 
     # -- events ----------------------------------------------------------------------------
 
@@ -244,23 +243,10 @@ class AdaptiveDemand:
     # -- the pass ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="tessera-adaptive")
+        self._passes.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.run_pass()
-            except Exception:  # one bad pass must not end adaptive layouts for good
-                log.exception("adaptive pass failed; trying again next pass")
+        await self._passes.stop()
 
     def adaptive_policies(self) -> dict[str, SharingPolicy]:
         return {n: p for n, p in self.controller.fleet.policies.items() if p.spec.strategy is Strategy.ADAPTIVE}

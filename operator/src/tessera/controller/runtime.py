@@ -46,15 +46,18 @@ from tessera.controller.freshclaims import FreshClaims
 from tessera.controller.handover import APISERVER_START_WAIT_S, STARTING_S, Handover
 from tessera.controller.missing import MissingDevices, missing_device_event
 from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice_stub
+from tessera.controller.schedwake import WAKE_ANNOTATION, SchedulerWake
 from tessera.controller.state import Fleet
 from tessera.controller.statuswriter import PolicyStatusWriter
 from tessera.controller.workqueue import WorkQueue
 from tessera.controller.writes import ApiWrites, NotLeading
+from tessera.dra.deviceclasses import device_classes
 from tessera.dra.devices import DRIVER
+from tessera.dra.nics import NIC_DRIVER
 from tessera.kube.apiserverstarts import IDENTITY_SELECTOR, LEASES, started_ago
 from tessera.kube.claims import write_claim_check_answer
-from tessera.kube.http import ApiError, retry_delay
-from tessera.kube.objects import CLAIMS, LAYOUTS, NODES, POLICIES, SLICES, Api
+from tessera.kube.http import ApiError, resource_path, retry_delay
+from tessera.kube.objects import CLAIMS, DEVICE_CLASSES, LAYOUTS, NODES, POLICIES, SLICES, Api
 from tessera.kube.watch import ListWatch, OnEvent
 from tessera.models.layout import NodeLayout
 
@@ -91,6 +94,9 @@ class Controller:
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
         self.demand = AdaptiveDemand(self, self._post_event)  # adaptive layouts: waiting claims -> recuts
+        # Pods kube-scheduler refused while it counted a shared device twice: woken once.
+        self.wake = SchedulerWake({c["metadata"]["name"] for c in device_classes()}, (DRIVER, NIC_DRIVER),
+                                  self.demand.unschedulable_since, self._wake_scheduler)
         self.statuses = PolicyStatusWriter(self.fleet, self.decisions, self._patch_policy_status, self._post_event,
                                            self.demand.with_status)
         self._status_task: asyncio.Task[None] | None = None
@@ -140,6 +146,7 @@ class Controller:
         for body in await self._list_until_answered(CLAIMS):
             self.fleet.set_claim(body)
             self.demand.claim_seen("ADDED", body)
+            self.wake.claim_seen("ADDED", body)
         client = self.api.client
         self._watches = [
             # Pages of 100: a node's slice of 8 MIG GPUs is ~23 KB of JSON, and a NodeLayout of 8
@@ -167,6 +174,7 @@ class Controller:
         self._status_task = asyncio.create_task(self.statuses.run(self.queue.swept, self.leading),
                                                 name="tessera-policy-status")
         self.demand.start()
+        self.wake.start()
         self.claim_checks.start()
         self.ready.set()
 
@@ -256,6 +264,7 @@ class Controller:
             task.cancel()
         self.handover.stop()
         await self.demand.stop()
+        await self.wake.stop()
         for watch in self._watches:
             await watch.stop()
         await self.queue.stop()
@@ -279,6 +288,11 @@ class Controller:
 
     async def _patch_policy_status(self, name: str, status: dict[str, Any]) -> None:
         await self.writes("sharingpolicy/status", self.api.patch_policy_status(name, status))
+
+    async def _wake_scheduler(self, device_class: str, at: str) -> None:
+        path = resource_path(*DEVICE_CLASSES, device_class)
+        await self.writes("deviceclass/annotation",
+                          self.api.client.patch(path, {"metadata": {"annotations": {WAKE_ANNOTATION: at}}}))
 
     async def _post_event(self, body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         await self.writes("event", self.api.post_event(body, type_, reason, message))
@@ -442,6 +456,7 @@ class Controller:
         else:
             nodes = self.fleet.set_claim(body)
         self.demand.claim_seen(event_type, body)
+        self.wake.claim_seen(event_type, body)
         self.enqueue(*sorted(nodes))
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ POLICIES = (API_GROUP, API_VERSION, "sharingpolicies")
 LAYOUTS = (API_GROUP, API_VERSION, "nodelayouts")
 CLAIMS = (RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims")
 SLICES = (RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices")
+DEVICE_CLASSES = (RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses")
 NODES = ("", "v1", "nodes")
 
 

@@ -81,6 +81,7 @@ class LocalCluster:
     workdir: Path
     server: str = ""
     kubeconfig: Path = field(default_factory=Path)
+    scheduler_url: str = ""  # kube-scheduler's own HTTPS endpoint (/healthz, /metrics)
     ca_file: Path = field(default_factory=Path)
     token: str = field(default="", repr=False)
     _processes: list[_Process] = field(default_factory=list, repr=False)
@@ -153,6 +154,19 @@ class LocalCluster:
     def resume(self, component: str) -> None:
         """SIGCONT a component :meth:`pause` stopped."""
         self._component(component).popen.send_signal(signal.SIGCONT)
+
+    def scheduler_metrics(self) -> dict[str, float]:
+        """kube-scheduler's Prometheus samples (``name{labels}`` -> value). It serves them to
+        anyone on loopback, with a self-signed certificate of its own (not verified here)."""
+        with urllib.request.urlopen(f"{self.scheduler_url}/metrics", timeout=10,
+                                    context=ssl._create_unverified_context()) as response:
+            text = response.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
 
     def pid(self, component: str) -> int:
         """The process id of a running component (say ``kube-scheduler``): benchmarks read its
@@ -230,6 +244,7 @@ class LocalCluster:
         self._write_kubeconfig(self.kubeconfig)
 
         kcm_port, sched_port = free_port(), free_port()
+        self.scheduler_url = f"https://127.0.0.1:{sched_port}"
         kcm = self._spawn("kube-controller-manager", [
             str(self.binaries.kube_controller_manager),
             f"--kubeconfig={self.kubeconfig}",
@@ -259,6 +274,8 @@ class LocalCluster:
             # refused and waits in the unschedulable queue, which later allocations do not wake,
             # for five minutes by default. Here it waits 10 s (plus the queue's 30 s sweep).
             "--pod-max-in-unschedulable-pods-duration=10s",
+            # Its metrics to anyone on loopback (tests read how it queued Pods).
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
             *self.scheduler_args,
         ])
         self._wait(lambda: _http_ok(f"https://127.0.0.1:{kcm_port}/healthz", insecure=True),
