@@ -170,3 +170,23 @@ async def test_shares_older_than_a_minute_are_forgotten() -> None:
         room.later(1.0)
     assert room.wake.due() is None
     assert len(room.wake.shares) <= 61
+
+
+async def test_the_window_is_two_seconds_either_side_of_the_share() -> None:
+    room = Room()
+    for name in ("a", "late", "b", "early", "c", "close"):
+        room.waits(name)
+    room.allocated("a")
+    room.later(2.5)
+    room.refuse("late")  # 2.5 s after a share
+    room.later(10.0)
+    room.refuse("early")  # 2.5 s before the next
+    room.later(2.5)
+    room.allocated("b")
+    room.later(3.0)
+    assert room.wake.due() is None
+    room.refuse("close")  # 1.5 s before the next
+    room.later(1.5)
+    room.allocated("c")
+    room.later(3.0)
+    assert room.wake.due() == (SHARED, ["team/close"])

@@ -27,8 +27,8 @@ Not for: claims that wait for room to be made (``tessera.controller.demand``).
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -48,7 +48,7 @@ WAKES = Counter("tessera_operator_scheduler_wakes_total",
 
 DEFAULT_WINDOW = 2.0  # seconds between a share's allocation and a refusal that may be its double count
 DEFAULT_SETTLE = 2.0  # seconds after the refusal before the scheduler is woken
-DEFAULT_MIN_GAP = 10.0  # seconds between two writes of one DeviceClass
+DEFAULT_MIN_GAP = 10.0  # seconds between two wakes
 SHARES_KEPT = 60.0  # seconds a share's allocation is remembered
 
 # (class, annotation value) -> the write; raises ApiError or NotLeading.
@@ -97,7 +97,7 @@ class SchedulerWake:
         self.clock, self.wall_clock = clock, wall_clock
         self.waiting: dict[str, frozenset[str]] = {}  # unallocated claim -> the classes of ours it asks for
         self.woken: set[str] = set()  # waiting claims the scheduler was woken for
-        self.shares: deque[float] = deque()  # when waiting claims were seen allocated a share
+        self.shares: list[float] = []  # when waiting claims were seen allocated a share, in order
         self.last_write: float | None = None  # when a DeviceClass was last written
         self._passes = Periodic(self.run_pass, lambda: self.interval, "tessera-scheduler-wake")
 
@@ -119,8 +119,7 @@ class SchedulerWake:
         update wakes every Pod the DRA plugin refused, so one class is written for them all,
         at most once per ``min_gap``."""
         now = self.clock()
-        while self.shares and self.shares[0] < now - SHARES_KEPT:
-            self.shares.popleft()
+        del self.shares[:bisect.bisect_left(self.shares, now - SHARES_KEPT)]
         if self.last_write is not None and now - self.last_write < self.min_gap:
             return None
         suspects = []
@@ -128,7 +127,8 @@ class SchedulerWake:
             refused = self.unschedulable_since.get(key)
             if key in self.woken or refused is None or now - refused < self.settle:
                 continue
-            if any(abs(at - refused) <= self.window for at in self.shares):
+            nearest = bisect.bisect_left(self.shares, refused - self.window)  # the first share not too early
+            if nearest < len(self.shares) and self.shares[nearest] <= refused + self.window:
                 suspects.append(key)
         if not suspects:
             return None
