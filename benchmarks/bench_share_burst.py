@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -58,8 +57,7 @@ def refusals(cluster: LocalCluster) -> float:
 
 
 def claims(cluster: LocalCluster) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = json.loads(
-        cluster.kubectl("get", "resourceclaims", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    items: list[dict[str, Any]] = cluster.get_json("resourceclaims", "-n", NAMESPACE)["items"]
     return items
 
 
