@@ -14,8 +14,9 @@ rollout's handover) and the no-op restart, and prints
 Per N it also prints two lines a script can compare across runs:
 ``rollout/floor N=<n>: <ratio>x (rollout <s> s, floor <s> s)`` and
 ``agent requests per pass N=<n>: <k>`` (the API requests an agent pass makes, averaged over the
-rollout's passes: the NodeLayout read, the status write, and the claim guard's ask (or fence)
-writes; the watches' streams are not requests per pass and are not counted).
+rollout's passes: the status write and the claim guard's ask (or fence) writes, and a read of
+the NodeLayout only where the pass could not work from what the watch delivered (the first, a
+retry); the watches' streams are not requests per pass and are not counted).
 
 For each N: start etcd, kube-apiserver, controller manager and scheduler on loopback; apply
 ``crds/`` and ``manifests/deviceclasses.yaml``; create N Nodes in one ``kubectl create``; start
@@ -51,7 +52,7 @@ its new spec, and the claim guard's check before it: its ask and the operator's 
 The agent fleet: 500 agent processes do not fit a 2-core machine, so one process runs every
 node's agent. Each node has a real ``tessera.agent.service.NodeAgent`` over its own in-memory
 ``SimulatedBackend``, and its pass is the agent's own ``NodeAgent.reconcile_once`` (ensure
-the NodeLayout owned by the Node, read the spec, ``apply_layout`` on the simulated GPUs,
+the NodeLayout owned by the Node, take the spec as the watch delivered it, ``apply_layout`` on the simulated GPUs,
 ``build_status``, write the status through the status subresource when it changed) with its own
 ``ClaimView`` (the claim guard's ask is the agent's own write, answered by the operator under
 test). Only the per-process plumbing
@@ -317,6 +318,7 @@ class AgentFleet:
         self.writes: RolloutWrites | None = None  # told every NodeLayout event, when set
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
+        self._retrying: set[str] = set()  # nodes whose last pass failed: the next reads afresh
         self._tasks: list[asyncio.Task[None]] = []
 
     def enqueue(self, name: str) -> None:
@@ -381,15 +383,19 @@ class AgentFleet:
             self._queued.discard(name)
             token = PASS_OF.set(name)  # the guard's fence runs on the loop in a task that copies this
             try:
-                status = await self.agents[name].reconcile_once()  # the agent's own pass; it logs its errors
+                # The agent's own pass (it logs its errors), from the NodeLayout the watch
+                # delivered, as NodeAgent.run's woken passes; a retry reads it afresh.
+                status = await self.agents[name].reconcile_once(fresh=name in self._retrying)
             finally:
                 PASS_OF.reset(token)
             if self.recording:
                 self.passes += 1
             if status is None:
                 self.failed_passes += 1
+                self._retrying.add(name)
                 asyncio.get_running_loop().call_later(1.0, self.enqueue, name)
                 continue
+            self._retrying.discard(name)
             self.observed[name] = status.observed_generation
             self.gpus[name] = len(status.gpus)
 
@@ -403,7 +409,7 @@ class AgentFleet:
         name = meta.get("name")
         if self.writes is not None:
             self.writes.layout_event(kind, body)
-        if name in self.agents and self.agents[name].wants_pass(kind, body):  # as NodeAgent._layout_event
+        if name in self.agents and self.agents[name].layout_seen(kind, body):  # as NodeAgent._layout_event
             self.enqueue(name)
 
 

@@ -100,6 +100,8 @@ async def test_a_bookmark_moves_the_resume_point_but_is_not_passed_on() -> None:
 
     assert seen == ["ADDED"]
     assert api.watched_from[:2] == ["5", "40"]
+    assert watch.bookmarks == 1, "counted, as what keeps a quiet watch inside its idle bound"
+    assert watch.heard_at is not None
 
 
 async def test_after_410_gone_a_relist_reports_what_changed_and_what_went_missing_only() -> None:

@@ -41,6 +41,8 @@ from tessera.agent.status import build_status
 from tessera.controller.claimchecks import ClaimChecks
 from tessera.kube.claims import list_resource_claims, write_claim_check_answer
 from tessera.kube.http import KubeClient
+from tessera.kube.nodelayouts import GROUP, PLURAL, VERSION
+from tessera.kube.watch import ListWatch
 from tessera.localcluster import LocalCluster
 from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import GpuLayout, NodeLayoutSpec, PlacedInstance
@@ -257,37 +259,81 @@ async def test_the_agent_refuses_to_destroy_a_claimed_instance_and_names_the_cla
     assert [(i["profile"], i["start"]) for i in obj["status"]["gpus"][0]["migInstances"]] == [("7g.80gb", 0)]
 
 
-async def test_a_pass_that_repartitions_every_gpu_makes_three_requests(cluster: LocalCluster) -> None:
+async def test_a_pass_that_repartitions_every_gpu_makes_three_requests_or_two_from_the_watch(
+        cluster: LocalCluster) -> None:
     """The agent's own pass (``NodeAgent.reconcile_once``) turning two GPUs to MIG — two
     destroying operations — reads its NodeLayout, writes its fence once and its status once,
-    over the version it read: the requests of a pass do not grow with the GPUs or the cluster."""
+    over the version it read: the requests of a pass do not grow with the GPUs or the cluster.
+    A pass its watch woke works from the NodeLayout the watch delivered: no read, two requests.
+    One whose copy is older than the apiserver's (a newer spec not yet delivered) applies what
+    it has, its status write conflicts and goes over a fresh read, reporting the generation it
+    applied, so the newer one still asks for a pass."""
     cluster.apply(CRD, NAMESPACE_YAML)
     node = f"pass-{uuidlib.uuid4().hex[:8]}"
     cluster.add_node(node, labels={"nvidia.com/gpu.present": "true"})
     api = KubeClient.from_environment(str(cluster.kubeconfig))
     agent = NodeAgent(AgentConfig(node, metrics_port=None), SimulatedBackend.from_spec(node, "2xH100-80GB"), api)
-    sent: list[tuple[str, str]] = []
+    sent: list[tuple[str, str, int]] = []
     send = api._send
 
     async def counted(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-        sent.append((method, path.rsplit("/", 2)[-2] if path.endswith("/status") else path.rsplit("/", 3)[-2]))
-        return await send(method, path, *args, **kwargs)
+        kind = path.rsplit("/", 3)[-3] if path.endswith("/status") else path.rsplit("/", 3)[-2]
+        response = await send(method, path, *args, **kwargs)
+        sent.append((method, kind, response.status))
+        return response
 
+    def mig(*profiles: tuple[str, int]) -> list[dict[str, Any]]:
+        return [{"uuid": u, "strategy": "MIG", "migInstances": [{"profile": p, "start": s} for p, s in profiles]}
+                for u in uuids]
+
+    watch = ListWatch(api, GROUP, VERSION, PLURAL, agent.layout_seen,
+                      field_selector=f"metadata.name={node}")
     try:
         assert await agent.reconcile_once() is not None  # makes the NodeLayout and its first status
         await agent.claims.ensure_fence()  # as NodeAgent.run does at start
         uuids = [g.uuid for g in agent.backend.inventory().gpus]
-        _set_spec(cluster, node, [{"uuid": u, "strategy": "MIG", "migInstances": [{"profile": "7g.80gb", "start": 0}]}
-                                  for u in uuids])
+        _set_spec(cluster, node, mig(("7g.80gb", 0)))
         api._send = counted  # type: ignore[method-assign]
         status = await agent.reconcile_once()
         assert status is not None
         assert all(g.applied for g in status.gpus), status
-        assert [method for method, _ in sent] == ["GET", "PATCH", "PUT"], sent
+        assert [method for method, _, _ in sent] == ["GET", "PATCH", "PUT"], sent
         assert agent.claims.fences == 1
         assert agent.metrics.registry.get_sample_value("tessera_agent_claim_checks_total") == 2, (
             "both GPUs' MIG mode changes were checked")
+
+        watch.start()
+        halves = _set_spec(cluster, node, mig(("3g.40gb", 0), ("3g.40gb", 4)))
+        await wait_for(lambda: agent.wants_pass("MODIFIED", agent._seen or {}) and
+                       (agent._seen or {}).get("metadata", {}).get("generation") == halves,
+                       timeout=30, message="the watch delivers the new spec")
+        sent.clear()
+        status = await agent.reconcile_once(fresh=False)
+        assert status is not None
+        assert status.observed_generation == halves
+        assert all(g.applied for g in status.gpus), status
+        assert [method for method, _, _ in sent] == ["PATCH", "PUT"], f"no read of the NodeLayout: {sent}"
+
+        await wait_for(lambda: (agent._seen or {}).get("status", {}).get("observedGeneration") == halves,
+                       timeout=30, message="the status write's echo")
+        quarters = _set_spec(cluster, node, mig(("2g.20gb", 0), ("2g.20gb", 2), ("3g.40gb", 4)))
+        await wait_for(lambda: (agent._seen or {}).get("metadata", {}).get("generation") == quarters,
+                       timeout=30, message="the watch delivers the next spec")
+        await watch.stop()  # what the apiserver has next, this agent has not heard
+        whole = _set_spec(cluster, node, mig(("7g.80gb", 0)))
+        sent.clear()
+        status = await agent.reconcile_once(fresh=False)
+        assert status is not None
+        assert status.observed_generation == quarters
+        reads_and_writes = [(m, code) for m, _, code in sent if m in ("PUT", "GET")]
+        assert reads_and_writes == [("PUT", 409), ("GET", 200), ("PUT", 200)], (
+            f"the write over the old copy's version conflicts and goes over a fresh read: {sent}")
+        written = json.loads(cluster.kubectl("get", f"{PLURAL}.{GROUP}", node, "-o", "json").stdout)
+        assert written["metadata"]["generation"] == whole
+        assert written["status"]["observedGeneration"] == quarters, "the status says what was applied"
+        assert agent.wants_pass("MODIFIED", written), "and the newer spec still asks for a pass"
     finally:
+        await watch.stop()
         await agent.claims.stop()
         await api.close()
         cluster.kubectl("delete", "node", node, "--wait=false", check=False)

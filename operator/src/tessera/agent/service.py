@@ -171,6 +171,9 @@ class NodeAgent:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._status: NodeLayoutStatus | None = None
         self._reporting: int | None = None  # the generation of the status being written now
+        # The NodeLayout as this agent's watch last delivered it (None: not yet, or deleted): a
+        # pass the watch woke works from it instead of reading it again (``reconcile_once``).
+        self._seen: dict[str, Any] | None = None
         # The NIC family's inventory (tessera.agent.nics), reported beside the GPUs; None: no NICs.
         self.nic_inventory: Callable[[], Sequence[NicStatus]] | None = None
         self._last_pass_done: float | None = None
@@ -218,12 +221,15 @@ class NodeAgent:
         try:
             await self._ensure_layout()
             await self.claims.ensure_fence()  # made now, so a pass's fence is one write
-            failures = 0
+            failures, fresh = 0, True
             while not self._stopping.is_set():
                 self._wake.clear()
-                failures = 0 if await self.reconcile_once() is not None else failures + 1
-                with contextlib.suppress(TimeoutError):
+                failures = 0 if await self.reconcile_once(fresh=fresh) is not None else failures + 1
+                try:
                     await asyncio.wait_for(self._wake.wait(), timeout=self.next_pass_in(failures))
+                    fresh = failures > 0
+                except TimeoutError:
+                    fresh = True  # the resync, and a retry, read the NodeLayout whatever the watch says
         finally:
             await watcher.stop()
             await self.claims.stop()
@@ -254,11 +260,22 @@ class NodeAgent:
                     await asyncio.wait_for(self._stopping.wait(), timeout=retry_delay(attempt))
                 attempt += 1
 
-    async def reconcile_once(self) -> NodeLayoutStatus | None:
-        """One pass: read the spec, apply it, write the status. Errors are logged, not raised."""
+    async def reconcile_once(self, *, fresh: bool = True) -> NodeLayoutStatus | None:
+        """One pass: read the spec, apply it, write the status. Errors are logged, not raised.
+
+        Not ``fresh``: the pass works from the NodeLayout the watch last delivered, when it has
+        one, rather than reading it (a request per pass, at fleet scale a few ms of the
+        apiserver's CPU each). That is no less safe than a read: a read too is old by the time
+        the GPUs change, and what keeps a partition in use from going is the claim guard's
+        proof, taken after, not the spec's age. An old copy costs a conflict at most: the
+        status is written over the resourceVersion the pass worked from, so the write of a pass
+        that missed a newer spec fails, reads again, and the newer generation wakes a pass of
+        its own. The resync and every retry after a failed pass read afresh."""
         started = time.monotonic()
         try:
-            obj = await get_node_layout(self.api, self.config.node_name)
+            obj = None if fresh else self._seen
+            if obj is None:
+                obj = await get_node_layout(self.api, self.config.node_name)
             if obj is None:
                 await self._ensure_layout()
                 obj = await get_node_layout(self.api, self.config.node_name)
@@ -349,8 +366,14 @@ class NodeAgent:
         """Wake the loop when the NodeLayout changes (or goes), not for the echo of the status
         it wrote itself. ``ListWatch`` keeps the watch going: resumed where the server ended it,
         a fresh list after 410 Gone, other failures retried on ``retry_delay``'s schedule."""
-        if self.wants_pass(kind, obj):
+        if self.layout_seen(kind, obj):
             self._wake.set()
+
+    def layout_seen(self, kind: str, obj: dict[str, Any]) -> bool:
+        """Keep the NodeLayout a watch delivered, for the next pass to work from, and say
+        whether it asks for a pass (``wants_pass``)."""
+        self._seen = None if kind == "DELETED" else obj
+        return self.wants_pass(kind, obj)
 
     def wants_pass(self, kind: str, obj: dict[str, Any]) -> bool:
         """Whether a NodeLayout watch event asks for a pass: a deletion, or a generation (a

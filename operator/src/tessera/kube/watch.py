@@ -149,6 +149,8 @@ class ListWatch:
         self.page_size = page_size
         self.idle_timeout = idle_timeout_from_environment() if idle_timeout is None else idle_timeout
         self.silences = 0  # how many times a watch was reopened because it heard nothing
+        self.bookmarks = 0  # how many bookmarks it heard (what keeps a quiet watch inside its idle bound)
+        self.heard_at: float | None = None  # the event loop's time of the last event or bookmark heard
         self.known: dict[str, Seen] = {}  # namespace/name -> the object as last seen
         self.lists = 0  # how many times it listed (the first, then one per 410 Gone)
         self.listed = asyncio.Event()  # set once the first list has been passed on
@@ -193,10 +195,13 @@ class ListWatch:
                             field_selector=self.field_selector, timeout_seconds=self.timeout_seconds,
                             bookmarks=True, restart_expired=False,
                         ):
-                            idle.reschedule(loop.time() + self.idle_timeout)
+                            self.heard_at = loop.time()
+                            idle.reschedule(self.heard_at + self.idle_timeout)
                             failures = 0
                             if kind != "BOOKMARK":
                                 self._deliver(kind, body)
+                            else:
+                                self.bookmarks += 1
                             version = str((body.get("metadata") or {}).get("resourceVersion") or version)
                 except TimeoutError:
                     if not idle.expired():  # aiohttp's own read timeout, not the idle bound

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from enum import StrEnum
 
 from tessera.models.catalog import MEMORY_SLICES
@@ -94,11 +95,15 @@ def gpu_device_name(gpu_index: int) -> str:
     return f"gpu-{gpu_index}"
 
 
+# Names are asked for over and over (every decision names every device of a node's GPUs) and
+# there are few: a few GPU indexes times the profiles' placements. Errors are not cached.
+@lru_cache(maxsize=4096)
 def mig_device_name(gpu_index: int, profile: str, start: int) -> str:
     """``gpu-<index>-mig-<profile>-<start>``: a static MIG instance (shared or not)."""
     return DeviceRef(DeviceKind.MIG, gpu_index, profile, start).name
 
 
+@lru_cache(maxsize=4096)
 def dynamic_mig_device_name(gpu_index: int, profile: str, start: int) -> str:
     """``gpu-<index>-dyn-<profile>-<start>``: a DynamicMIG partition at one placement."""
     return DeviceRef(DeviceKind.DYNAMIC_MIG, gpu_index, profile, start).name
