@@ -436,6 +436,12 @@ class Published:
         self.api = api
         self.policy, self.gpus = policy, gpus
         self.slices: dict[str, SliceSummary] = {}
+        # Per ``expected`` asked of ``complete``: the nodes complete for it, and the pools whose
+        # slices changed since (polled every 0.25 s over every node's slices, it took a sixth of
+        # this process's CPU at 1,000 nodes, in the rollout it measures).
+        self._by_pool: dict[str, dict[str, SliceSummary]] = {}
+        self._done: dict[tuple[str, ...], set[str]] = {}
+        self._changed: dict[tuple[str, ...], set[str]] = {}
         self.last_slice_event = 0.0
         self.policy_ready_at: float | None = None
         self.policy_history: list[tuple[float, str]] = []  # (when, "Ready=... reason gpusApplied/gpus")
@@ -458,8 +464,12 @@ class Published:
         if self.writes is not None:
             self.writes.slice_event(kind, body)
         name = body.get("metadata", {}).get("name", "")
+        before = self.slices.pop(name, None)
+        if before is not None:
+            self._by_pool.get(before.pool, {}).pop(name, None)
+            for changed in self._changed.values():
+                changed.add(before.pool)
         if kind == "DELETED":
-            self.slices.pop(name, None)
             return
         spec = body.get("spec", {})
         pool = spec.get("pool", {})
@@ -467,8 +477,12 @@ class Published:
             (int(str(d["name"]).split("-")[1]), str(d.get("attributes", {}).get("migProfile", {}).get("string", "gpu")))
             for d in spec.get("devices") or []
         )
-        self.slices[name] = SliceSummary(str(pool.get("name", "")), int(pool.get("generation", 0)),
-                                         int(pool.get("resourceSliceCount", 0)), devices)
+        summary = SliceSummary(str(pool.get("name", "")), int(pool.get("generation", 0)),
+                               int(pool.get("resourceSliceCount", 0)), devices)
+        self.slices[name] = summary
+        self._by_pool.setdefault(summary.pool, {})[name] = summary
+        for changed in self._changed.values():
+            changed.add(summary.pool)
 
     def _on_policy(self, kind: str, body: dict[str, Any]) -> None:
         if body.get("metadata", {}).get("name") != self.policy:
@@ -489,23 +503,30 @@ class Published:
     def complete(self, nodes: list[str], expected: tuple[str, ...]) -> int:
         """Nodes whose pool is whole (every slice of one generation, as many as each counts)
         and publishes, on each of its 8 GPUs, devices of exactly the kinds ``expected``."""
-        pools: dict[str, list[SliceSummary]] = {}
-        for summary in self.slices.values():
-            pools.setdefault(summary.pool, []).append(summary)
-        done = 0
-        for node in nodes:
-            have = pools.get(node, [])
-            if not have or {(s.generation, s.count) for s in have} != {(have[0].generation, len(have))}:
-                continue
-            per_gpu: dict[int, list[str]] = {}
-            for s in have:
-                for gpu, kind in s.devices:
-                    per_gpu.setdefault(gpu, []).append(kind)
-            if sorted(per_gpu) == list(range(GPUS_PER_NODE)) and all(
-                tuple(sorted(kinds)) == expected for kinds in per_gpu.values()
-            ):
-                done += 1
-        return done
+        done = self._done.get(expected)
+        if done is None:
+            done = self._done[expected] = set()
+            pools = set(self._by_pool)
+        else:
+            pools = self._changed[expected]
+        self._changed[expected] = set()
+        for pool in pools:
+            if self._pool_complete(list(self._by_pool.get(pool, {}).values()), expected):
+                done.add(pool)
+            else:
+                done.discard(pool)
+        return sum(1 for node in nodes if node in done)
+
+    @staticmethod
+    def _pool_complete(have: list[SliceSummary], expected: tuple[str, ...]) -> bool:
+        if not have or {(s.generation, s.count) for s in have} != {(have[0].generation, len(have))}:
+            return False
+        per_gpu: dict[int, list[str]] = {}
+        for s in have:
+            for gpu, kind in s.devices:
+                per_gpu.setdefault(gpu, []).append(kind)
+        return sorted(per_gpu) == list(range(GPUS_PER_NODE)) and all(
+            tuple(sorted(kinds)) == expected for kinds in per_gpu.values())
 
 
 # -- the operator -----------------------------------------------------------------------------

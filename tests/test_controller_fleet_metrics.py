@@ -10,11 +10,11 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from tessera.controller.decide import NodeDecision, decide_node
-from tessera.controller.fleetmetrics import fleet_figures
+from tessera.controller.fleetmetrics import StrategyMemo, fleet_figures
 from tessera.controller.state import Fleet
 from tessera.controller.statuswriter import PolicyStatusWriter
 from tessera.models.policy import Strategy
-from tests.controller_fleet import claim_body, fleet_of, policy_body
+from tests.controller_fleet import NODE, claim_body, fleet_of, layout_body, policy_body
 from tests.dra_gpus import gpu
 
 TIME_SLICED = {"strategy": "TimeSlicing", "timeSlicing": {"replicas": 4}}
@@ -51,6 +51,23 @@ def test_fleet_figures_count_gpus_per_strategy_and_each_held_device_once() -> No
     assert figures.gpus_by_strategy == {"Exclusive": 2, "TimeSlicing": 1}
     assert figures.devices_published == sum(sum(d.device_counts.values()) for d in decisions) == 3
     assert (figures.devices_allocated, figures.devices_free) == (2, 1)
+
+
+def test_fleet_figures_count_a_node_again_only_when_its_status_is_a_new_one() -> None:
+    fleet = fleet_of([gpu(0), gpu(1, Strategy.TIME_SLICING)])
+    memo: StrategyMemo = {}
+    first = fleet_figures(fleet, [], memo)
+    counted = memo[NODE][1]
+    assert fleet_figures(fleet, [], memo) == first
+    assert memo[NODE][1] is counted, "the same status: the same counts, not counted again"
+
+    fleet.set_layout(layout_body([gpu(0, Strategy.MPS), gpu(1, Strategy.MPS), gpu(2)]))
+    assert fleet_figures(fleet, [], memo).gpus_by_strategy == {"Exclusive": 1, "MPS": 2}
+    assert fleet_figures(fleet, [], memo) == fleet_figures(fleet, []), "as without the memo"
+
+    fleet.remove_node(NODE)
+    assert fleet_figures(fleet, [], memo).gpus_by_strategy == {}
+    assert memo == {}, "a node gone is forgotten"
 
 
 def _degraded(policy: str, reason: str) -> float | None:

@@ -23,6 +23,7 @@ from tessera.agent.plugin.cdi import DEFAULT_CDI_DIR
 from tessera.agent.plugin.server import DEFAULT_REGISTRY_DIR, PluginConfig
 from tessera.dra.deviceclasses import device_classes
 from tessera.dra.nics import NIC_DRIVER
+from tessera.kube.claims import FENCE_LABEL, NOT_FENCE_CLAIMS
 from tessera.localcluster.processes import AGENT_ENVIRONMENT
 from tessera.manifests import (
     HAND_WRITTEN_PARTS,
@@ -449,6 +450,22 @@ def test_admission_policy_binds_the_agent_account_to_its_own_nodelayout() -> Non
     assert "authentication.kubernetes.io/node-name" in policy["spec"]["variables"][0]["expression"]
     assert policy["spec"]["failurePolicy"] == "Fail"
     binding = one("ValidatingAdmissionPolicyBinding", "tessera-agent-writes-only-its-own-nodelayout")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+def test_admission_policy_keeps_the_fence_label_off_every_claim_that_requests_a_device() -> None:
+    """The operator's fresh reads of claims leave out those with the fence label: the policy
+    must hold every claim write in the cluster to it, whoever writes it."""
+    policy = one("ValidatingAdmissionPolicy", "tessera-fence-claims-request-no-device")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["resource.k8s.io"], ["resourceclaims"])
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    assert "matchConditions" not in policy["spec"], "every writer, not only the agents"
+    (validation,) = policy["spec"]["validations"]
+    assert f'"{FENCE_LABEL}" in object.metadata.labels' in validation["expression"]
+    assert f"!{FENCE_LABEL}" == NOT_FENCE_CLAIMS
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    binding = one("ValidatingAdmissionPolicyBinding", "tessera-fence-claims-request-no-device")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
 
 

@@ -13,7 +13,9 @@ import pytest
 from tessera.models.layout import GpuStatus
 from tessera.models.policy import SharingPolicy, Strategy
 from tessera.planner import GpuSelectorError, NodeInventory, PlanErrorReason, compile_gpu_selector, plan_fleet
+from tessera.planner import fleet as fleet_module
 from tessera.planner import selector as selector_module
+from tessera.planner.fleet import FleetPlan, PlanMemo
 from tessera.planner.inventory import InventoryError, catalog_gpu, gpu_uuid, parse_inventory
 
 H100 = catalog_gpu("n", 0, "H100-80GB", driver_version="580.65.06", pci_bus_id="00000000:3B:00.0",
@@ -330,3 +332,90 @@ def test_the_compiled_selectors_are_bounded_by_count(cel_parses: list[str]) -> N
         compile_gpu_selector(f'device.attributes["gpu.tessera.dev"].index == {n + 1000}')
     compile_gpu_selector(expression)
     assert cel_parses.count(expression) == 2, "the oldest expression was dropped and compiled again"
+
+
+# -- the plan memo across calls --------------------------------------------------------------
+
+# Instance sets that exist on an H100 (profile, start), each instance in use or not at random.
+H100_LAYOUTS = (
+    (),
+    (("7g.80gb", 0),),
+    (("3g.40gb", 0), ("3g.40gb", 4)),
+    (("1g.10gb", 0), ("1g.10gb", 1), ("2g.20gb", 2), ("3g.40gb", 4)),
+    (("2g.20gb", 0), ("2g.20gb", 2), ("3g.40gb", 4)),
+)
+MEMO_POLICY_SPECS: tuple[dict[str, Any], ...] = (
+    {"strategy": "MIG", "mig": {"preset": "all-balanced"}},
+    {"strategy": "MIG", "mig": {"profiles": {"3g.40gb": 2}}},
+    {"strategy": "MIG", "mig": {"preset": "whole"}},
+    {"strategy": "TimeSlicing"},
+    {"strategy": "MPS"},
+    {"strategy": "DynamicMIG"},
+    {"strategy": "Adaptive", "adaptive": {"layouts": [{"name": "whole"}, {"name": "halves", "strategy": "MIG",
+                                                                          "mig": {"profiles": {"3g.40gb": 2}}}],
+                                          "idle": "whole"}},
+)
+
+
+def _random_gpu(rng: random.Random, node: str, index: int) -> GpuStatus:
+    layout = rng.choice(H100_LAYOUTS)
+    instances = [{"profile": profile, "start": start, "size": int(profile[0]) if profile[0] != "7" else 8,
+                  "uuid": f"MIG-{node}-{index}-{start}", "gpu_instance_id": n,
+                  "memory_mib": 10240 * (int(profile[0]) if profile[0] != "7" else 8), "in_use": rng.random() < 0.3}
+                 for n, (profile, start) in enumerate(layout, start=1)]
+    return catalog_gpu(node, index, "H100-80GB", mig_instances=instances,
+                       mig_mode_current=bool(instances) or rng.random() < 0.2,
+                       in_use=not instances and rng.random() < 0.2)
+
+
+def _plans_as_values(plan: FleetPlan) -> list[tuple[Any, ...]]:
+    """A plan's GPUs as values (a PlanError is an exception: equal only to itself)."""
+    return [(p.node, p.gpu, p.policy, p.layout, p.candidates, p.selector_errors,
+             None if p.error is None else (p.error.reason, str(p.error), p.error.blocking, p.error.when_idle))
+            for p in plan.gpus] + [plan.conflicts, dict(plan.policy_errors)]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_plans_kept_across_calls_are_the_plans_a_fresh_call_makes(seed: int) -> None:
+    """One memo over many calls of one node each, as the operator's decisions make them, with
+    random GPUs (MIG or not, instances in use or not), policies whose specs are replaced (new
+    objects, some equal) between calls, and adaptive choices: every plan is the plan a call
+    with no memo makes, and the memo does plan fewer GPUs than it is asked for."""
+    rng = random.Random(seed)
+    memo = PlanMemo()
+    planned: list[int] = []
+    real = fleet_module.plan_gpu_layout
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        planned.append(1)
+        return real(*args, **kwargs)
+
+    asked = 0
+    policies = [_policy("p", **rng.choice(MEMO_POLICY_SPECS))]
+    for call in range(300):
+        if rng.random() < 0.05:
+            policies = [_policy("p", **rng.choice(MEMO_POLICY_SPECS))]  # a new spec object, maybe equal
+        if rng.random() < 0.05:
+            policies = [*policies[:1], _policy("q", priority=1, **rng.choice(MEMO_POLICY_SPECS))]
+        node = NodeInventory(f"n{call % 7}", {}, [_random_gpu(rng, f"n{call % 7}", i) for i in range(4)])
+        choices = {g.uuid: rng.choice(["whole", "halves", "none"]) for g in node.gpus if rng.random() < 0.5}
+        fleet_module.plan_gpu_layout = counted  # type: ignore[assignment]
+        try:
+            kept = plan_fleet(policies, [node], choices, memo)
+        finally:
+            fleet_module.plan_gpu_layout = real
+        fresh = plan_fleet(policies, [node], choices)
+        asked += len(node.gpus)
+        assert _plans_as_values(kept) == _plans_as_values(fresh), f"seed {seed}, call {call}"
+    assert len(planned) < asked / 2, f"the memo planned {len(planned)} of {asked} GPUs"
+
+
+def test_the_plan_memo_starts_again_at_its_limit() -> None:
+    memo = PlanMemo(limit=3)
+    policy = _policy("p", strategy="MIG", mig={"preset": "all-balanced"})
+    gpus = [catalog_gpu("n", i, model) for i, model in enumerate(["H100-80GB", "A100-40GB", "A100-80GB", "B200"])]
+    for gpu in gpus:
+        plan_fleet([policy], [NodeInventory("n", {}, [gpu])], None, memo)
+    assert len(memo._plans) <= 3
+    assert _plans_as_values(plan_fleet([policy], [NodeInventory("n", {}, gpus)], None, memo)) == _plans_as_values(
+        plan_fleet([policy], [NodeInventory("n", {}, gpus)]))

@@ -25,7 +25,7 @@ import yaml
 
 from tessera import INSTALL_NAMESPACE
 from tessera.agent.claimview import fence_claim_name
-from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION, NODE_ANNOTATION
+from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION, FENCE_LABEL, NODE_ANNOTATION, NOT_FENCE_CLAIMS
 from tessera.kube.claimstatus import ClaimGoneError, apply_claim_device_status
 from tessera.kube.http import ApiError, KubeClient
 from tessera.localcluster import LocalCluster
@@ -36,6 +36,7 @@ from tessera.models.claimcheck import ClaimCheckAnswer
 from tessera.models.quantity import parse_quantity
 from tests.integration.kube_helpers import (
     allocated_devices,
+    apply,
     condition,
     delete_pod_now,
     get,
@@ -400,6 +401,43 @@ async def test_admission_lets_an_agent_write_only_its_own_fence_claim_and_never_
         assert refused.returncode != 0, message
         assert "tessera-agent-writes-only-its-own-fence-claim" in refused.stderr, refused.stderr
         assert message in refused.stderr, refused.stderr
+
+
+async def test_fence_claims_carry_their_label_which_no_claim_requesting_a_device_may_carry(
+    cluster: LocalCluster, install: Install, namespace: str
+) -> None:
+    """The operator's fresh reads leave out the fence claims by their label: each agent's
+    carries it, a read by that selector has every other claim, and admission refuses the label
+    on a claim that requests a device, from anyone (here the cluster's admin)."""
+    for node in (H100_NODE, H200_NODE):
+        fence = await wait_for(
+            lambda n=node: get_or_none(cluster, "resourceclaim", fence_claim_name(n), "-n", INSTALL_NAMESPACE),
+            timeout=60, message=f"{node}'s fence claim")
+        assert fence["metadata"]["labels"][FENCE_LABEL] == "true"
+    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}
+
+    def claim(name: str, labels: dict[str, str], requests: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "spec": {"devices": {"requests": requests} if requests else {}}}
+
+    apply(cluster, claim("plain", {}, [request]))
+    read = get(cluster, "resourceclaims", "-A", "-l", NOT_FENCE_CLAIMS)["items"]
+    names = {(c["metadata"]["namespace"], c["metadata"]["name"]) for c in read}
+    assert (namespace, "plain") in names
+    assert not any(n.startswith("tessera-fence-") for _, n in names), "no fence claim in the operator's read"
+
+    hidden = cluster.kubectl("create", "-f", "-", input=json.dumps(claim("hidden", {FENCE_LABEL: "true"}, [request])),
+                             check=False)
+    assert hidden.returncode != 0
+    assert "tessera-fence-claims-request-no-device" in hidden.stderr, hidden.stderr
+    relabelled = cluster.kubectl("label", "resourceclaim", "plain", "-n", namespace, f"{FENCE_LABEL}=true",
+                                 check=False)
+    assert relabelled.returncode != 0, "nor can the label be added later"
+    assert "may request no device" in relabelled.stderr, relabelled.stderr
+    empty = cluster.kubectl("create", "-f", "-", input=json.dumps(claim("empty", {FENCE_LABEL: "true"}, [])),
+                            check=False)
+    assert empty.returncode == 0, empty.stderr
 
 
 async def test_admission_lets_an_agent_create_only_its_own_empty_nodelayout(

@@ -174,7 +174,8 @@ def decide_node(
     planned = [_with_allocations(g, [d for d in published[g.uuid] if d in holders]) for g in gpus]
     current = view.layout.spec
     choices = {g.uuid: g.menu_layout for g in current.gpus if g.menu_layout} | fleet.adaptive_choices
-    plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)], choices)
+    plan = plan_fleet(list(fleet.policies.values()), [NodeInventory(node, view.labels, planned)], choices,
+                      fleet.plan_memo)
     drains = dict(previous_drains or {})
     decisions: list[GpuDecision] = []
     kept_plans: list[GpuPlan] = []

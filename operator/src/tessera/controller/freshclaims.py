@@ -5,7 +5,11 @@ Many nodes waiting at once share one read: a caller gets the result of a list st
 after its moment, joining one in flight when that one qualifies. A caller that must not wait
 (a worker of the operator's queue: a list of every claim of a large cluster takes a while, and
 a worker waiting for it is a worker doing nothing) takes ``ready`` if it has an answer, and else
-asks ``prefetch`` to call it back once one is read.
+asks ``prefetch`` to call it back once one is read. The operator's read leaves out the agents'
+fence claims (``tessera.kube.claims.NOT_FENCE_CLAIMS``): they request no device (the admission
+policy holds any claim with their label to that), and at one a node they were most of each read
+(1,000 of them cost the apiserver 14.5 ms and the operator 17.3 ms of CPU a read, against 2.5 ms
+and 0.8 ms without them).
 Not for: the watch's view of claims (``state.Fleet``) or deciding what a hold means (``decide``).
 """
 

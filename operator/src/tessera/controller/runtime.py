@@ -55,7 +55,7 @@ from tessera.dra.deviceclasses import device_classes
 from tessera.dra.devices import DRIVER
 from tessera.dra.nics import NIC_DRIVER
 from tessera.kube.apiserverstarts import IDENTITY_SELECTOR, LEASES, started_ago
-from tessera.kube.claims import write_claim_check_answer
+from tessera.kube.claims import NOT_FENCE_CLAIMS, write_claim_check_answer
 from tessera.kube.http import ApiError, resource_path, retry_delay
 from tessera.kube.objects import CLAIMS, DEVICE_CLASSES, LAYOUTS, NODES, POLICIES, SLICES, Api
 from tessera.kube.watch import ListWatch, OnEvent
@@ -86,8 +86,10 @@ class Controller:
         self._term_tasks: list[asyncio.Task[None]] = []
         self.writes = ApiWrites(self.leading.is_set)
         self.queue = WorkQueue(self.reconcile, workers, self.leading)
-        self.handover = Handover(FreshClaims(lambda: self.api.list_all(*CLAIMS)), handover_grace, self.queue.later,
-                                 self.enqueue, self.api.client.outages, known=lambda: self.ready.is_set())
+        # The handover's fresh reads leave out the agents' fence claims: one a node, holding nothing.
+        fresh = FreshClaims(lambda: self.api.list_all(*CLAIMS, NOT_FENCE_CLAIMS))
+        self.handover = Handover(fresh, handover_grace, self.queue.later, self.enqueue, self.api.client.outages,
+                                 known=lambda: self.ready.is_set())
         # The agents' checks of their nodes' claims (for specs that say claimCheck: Operator).
         self.claim_checks = ClaimChecks(self.api.client, self._answer_claim_check, INSTALL_NAMESPACE, self.leading)
         self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
@@ -323,7 +325,8 @@ class Controller:
         layout = view.layout
         assert layout is not None  # decide_node returned a decision
         # (a) Taint what the new layouts change, and know when that write was acknowledged.
-        await self.publisher.publish(node, view.uid, decision.devices_to_publish())
+        published = decision.devices_to_publish()
+        await self.publisher.publish(node, view.uid, published)
         cleared = self.handover.handed_over(node, decision)
         if cleared:
             # (b) Claims read after the taint's grace and after the watch view this decision
@@ -348,7 +351,9 @@ class Controller:
                 self.queue.later(node, self.handover.grace + 1.0)
         # (c) The new spec; devices it replaces stay tainted until the agent reports them gone.
         generation = await self._write_spec(node, layout, decision)
-        await self.publisher.publish(node, view.uid, decision.devices_to_publish())
+        devices = decision.devices_to_publish()
+        if devices != published:  # unchanged, the publisher would build and compare them for nothing
+            await self.publisher.publish(node, view.uid, devices)
         # Carried out: what is kept is the decision without its devices (published now, and at
         # thousands of GPUs too large to hold; the next decision builds its own).
         decision = replace(decision, epoch=epoch, spec_generation=generation, published=layout.status, devices=())

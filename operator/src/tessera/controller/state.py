@@ -21,6 +21,7 @@ from tessera.dra.deviceclasses import device_classes
 from tessera.models.allocation import held_devices
 from tessera.models.layout import GpuLayout, NodeLayout
 from tessera.models.policy import SharingPolicy
+from tessera.planner.fleet import PlanMemo
 
 DeviceKey = tuple[str, str]  # (pool, device)
 TESSERA_CLASSES = frozenset(str(c["metadata"]["name"]) for c in device_classes())
@@ -144,6 +145,8 @@ class Fleet:
     _pool_claims: dict[str, dict[str, ClaimHold]] = field(default_factory=dict, init=False, repr=False)
     # pool -> device -> how many claims hold it (the fleet metrics' allocated devices)
     _pool_devices: dict[str, Counter[str]] = field(default_factory=dict, init=False, repr=False)
+    # The GPU plans of the shapes this fleet has, kept between decisions (``planner.fleet``).
+    plan_memo: PlanMemo = field(default_factory=PlanMemo, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for key, hold in self.claims.items():
@@ -157,9 +160,14 @@ class Fleet:
         before = self.policies.get(name), self.policy_errors.get(name)
         self.policy_bodies[name] = dict(body)
         try:
-            self.policies[name] = SharingPolicy.model_validate(
+            policy = SharingPolicy.model_validate(
                 {k: body[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in body}
             )
+            if before[0] is not None and before[0].spec == policy.spec:
+                # The same spec object as before (a status write's echo changes only metadata):
+                # the plans memoised for it stay good.
+                policy = policy.model_copy(update={"spec": before[0].spec})
+            self.policies[name] = policy
             self.policy_errors.pop(name, None)
         except ValidationError as exc:
             self.policies.pop(name, None)

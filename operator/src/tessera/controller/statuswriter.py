@@ -25,7 +25,7 @@ import structlog
 from prometheus_client import Counter, Gauge
 
 from tessera.controller.decide import NodeDecision
-from tessera.controller.fleetmetrics import fleet_figures
+from tessera.controller.fleetmetrics import StrategyMemo, fleet_figures
 from tessera.controller.policystatus import TallyMemo, policy_status, tally, transitions
 from tessera.controller.state import Fleet
 from tessera.kube.fence import NotLeading
@@ -64,6 +64,7 @@ class PolicyStatusWriter:
         self._dirty = asyncio.Event()
         self._pass_cost = 0.0  # seconds the last pass spent computing
         self._tallies = TallyMemo()  # each node's counts, counted again only when the node changed
+        self._strategies: StrategyMemo = {}  # each node's GPUs per strategy, the same way
         PENDING_CLAIMS.set_function(lambda: len(fleet.pending_claims))  # follows every claim event
 
     def policies_changed(self) -> None:
@@ -108,7 +109,7 @@ class PolicyStatusWriter:
         DEGRADED.clear()
         for policy_name, reason in sorted(degraded):
             DEGRADED.labels(policy_name, reason).set(1)
-        figures = fleet_figures(self._fleet, decisions)
+        figures = fleet_figures(self._fleet, decisions, self._strategies)
         GPUS.clear()
         for strategy, count in figures.gpus_by_strategy.items():
             GPUS.labels(strategy).set(count)

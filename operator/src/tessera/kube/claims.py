@@ -55,6 +55,10 @@ FENCE_ANNOTATION = "tessera.dev/fence"  # a token the agent waits to see on its 
 ASK_ANNOTATION = "tessera.dev/claim-check"  # a token the operator answers (the agent watches no claims)
 ANSWER_ANNOTATION = "tessera.dev/claim-check-answer"  # the operator's answer (tessera.models.claimcheck)
 NODE_ANNOTATION = "tessera.dev/node"  # the node whose agent owns the fence claim
+# On every fence claim: the operator's fresh reads of claims leave them out by it (one a node,
+# they hold nothing; manifests/admission.yaml keeps it off any claim that requests a device).
+FENCE_LABEL = "tessera.dev/fence-claim"
+NOT_FENCE_CLAIMS = f"!{FENCE_LABEL}"  # the label selector of every claim but the fence claims
 FENCE_PREFIX = "tessera-fence-"  # every fence claim's name begins so (tessera.agent.claimview.fence_claim_name)
 
 
@@ -64,16 +68,17 @@ async def write_claim_fence(api: KubeClient, namespace: str, name: str, token: s
     first use (a claim that requests no device: nothing ever allocates it). ``ApiError`` on any
     other failure (e.g. 404 when the namespace does not exist)."""
     annotations = {key: token, NODE_ANNOTATION: node}
+    labels = {"app.kubernetes.io/managed-by": "tessera", FENCE_LABEL: "true"}
     path = resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", name, namespace=namespace)
     try:
-        await api.patch(path, {"metadata": {"annotations": annotations}}, timeout_s=timeout_s)
+        # The labels too: a claim made by an older agent gets them with its next write.
+        await api.patch(path, {"metadata": {"annotations": annotations, "labels": labels}}, timeout_s=timeout_s)
         return
     except ApiError as error:
         if error.status != 404:
             raise
     body = {"apiVersion": f"{RESOURCE_GROUP}/{RESOURCE_VERSION}", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace, "annotations": annotations,
-                         "labels": {"app.kubernetes.io/managed-by": "tessera"}},
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations, "labels": labels},
             "spec": {"devices": {}}}
     await api.create(resource_path(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", namespace=namespace),
                      body, timeout_s=timeout_s)

@@ -94,6 +94,42 @@ class FleetPlan:
         )
 
 
+class PlanMemo:
+    """GPU plans kept from one :func:`plan_fleet` call to the next: a plan depends on the
+    policy's spec and the GPU's shape (model, MIG state, instances in use), not on which GPU
+    it is, and a fleet has few shapes. The operator plans one node per decision, three or four
+    decisions a node in a rollout: without it each planned every GPU again. A spec is known by
+    its identity (specs are frozen, and replaced when a policy changes); each entry keeps its
+    spec, so the identity cannot be reused while the entry lives. At ``limit`` entries it
+    starts again empty: a fleet that has that many shapes at once is not one to memoise."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._plans: dict[tuple[object, ...], tuple[SharingPolicySpec, GpuLayout | PlanError]] = {}
+        self._menus: dict[tuple[str, int, str], tuple[SharingPolicySpec, SharingPolicySpec]] = {}
+
+    def plan(self, key: tuple[object, ...], spec: SharingPolicySpec) -> GpuLayout | PlanError | None:
+        kept = self._plans.get(key)
+        return kept[1] if kept is not None and kept[0] is spec else None
+
+    def keep_plan(self, key: tuple[object, ...], spec: SharingPolicySpec, result: GpuLayout | PlanError) -> None:
+        if len(self._plans) >= self.limit:
+            self._plans.clear()
+        self._plans[key] = (spec, result)
+
+    def menu_spec(self, policy: SharingPolicy, name: str) -> SharingPolicySpec:
+        """The static spec of ``policy``'s menu layout ``name``, one object per policy spec."""
+        key = (policy.name, id(policy.spec), name)
+        kept = self._menus.get(key)
+        if kept is not None and kept[0] is policy.spec:
+            return kept[1]
+        if len(self._menus) >= self.limit:
+            self._menus.clear()
+        spec = policy.spec.for_layout(name)
+        self._menus[key] = (policy.spec, spec)
+        return spec
+
+
 def _precedence(policy: SharingPolicy) -> tuple[int, str]:
     return (-policy.spec.priority, policy.name)
 
@@ -105,12 +141,14 @@ class _Compiled:
 
 
 def plan_fleet(
-    policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory], choices: Mapping[str, str] | None = None
+    policies: Sequence[SharingPolicy], nodes: Sequence[NodeInventory], choices: Mapping[str, str] | None = None,
+    memo: PlanMemo | None = None,
 ) -> FleetPlan:
     """Match ``policies`` to the GPUs of ``nodes`` and plan every GPU.
 
     ``choices``: GPU UUID → the menu layout an ``Adaptive`` policy's GPU gets (a name not on
-    the winning policy's menu falls back to its idle layout).
+    the winning policy's menu falls back to its idle layout). ``memo``: plans kept from earlier
+    calls (one for this call alone when None).
 
     Policies whose ``gpuSelector`` does not compile select nothing and appear in
     ``policy_errors``; one that fails on a GPU does not select it, and the GPU's plan carries
@@ -126,8 +164,7 @@ def plan_fleet(
                 policy_errors[policy.name] = str(exc)
                 continue
         compiled.append(_Compiled(policy, selector))
-    memo: dict[tuple[object, ...], GpuLayout | PlanError] = {}
-    menus = _MenuSpecs()
+    memo = PlanMemo() if memo is None else memo
     plans: list[GpuPlan] = []
     conflicts: list[Conflict] = []
     by_labels: dict[tuple[tuple[str, str], ...], list[_Compiled]] = {}
@@ -150,7 +187,7 @@ def plan_fleet(
             winner = selecting[0]
             if len(selecting) > 1:
                 conflicts.append(Conflict(node.name, gpu.uuid, winner.name, tuple(p.name for p in selecting[1:])))
-            spec, menu_layout = menus.spec_for(winner, (choices or {}).get(gpu.uuid))
+            spec, menu_layout = _spec_for(memo, winner, (choices or {}).get(gpu.uuid))
             result = _plan(memo, winner.name, spec, gpu)
             if menu_layout is not None and not isinstance(result, PlanError):
                 result = result.model_copy(update={"menu_layout": menu_layout})
@@ -162,22 +199,13 @@ def plan_fleet(
     return FleetPlan(tuple(plans), tuple(conflicts), policy_errors)
 
 
-class _MenuSpecs:
-    """The static spec of each adaptive menu layout, made once per plan (the plan memo keys
-    on the spec object)."""
-
-    def __init__(self) -> None:
-        self._specs: dict[tuple[str, str], SharingPolicySpec] = {}
-
-    def spec_for(self, policy: SharingPolicy, choice: str | None) -> tuple[SharingPolicySpec, str | None]:
-        adaptive = policy.spec.adaptive
-        if policy.spec.strategy is not Strategy.ADAPTIVE or adaptive is None:
-            return policy.spec, None
-        name = choice if choice is not None and any(lay.name == choice for lay in adaptive.layouts) else adaptive.idle
-        spec = self._specs.get((policy.name, name))
-        if spec is None:
-            spec = self._specs[(policy.name, name)] = policy.spec.for_layout(name)
-        return spec, name
+def _spec_for(memo: PlanMemo, policy: SharingPolicy, choice: str | None) -> tuple[SharingPolicySpec, str | None]:
+    """The spec ``policy`` plans a GPU by, and the menu layout it is (None: not Adaptive)."""
+    adaptive = policy.spec.adaptive
+    if policy.spec.strategy is not Strategy.ADAPTIVE or adaptive is None:
+        return policy.spec, None
+    name = choice if choice is not None and any(lay.name == choice for lay in adaptive.layouts) else adaptive.idle
+    return memo.menu_spec(policy, name), name
 
 
 def _selecting(
@@ -202,9 +230,7 @@ def _selecting(
     return selecting, tuple(failed)
 
 
-def _plan(
-    memo: dict[tuple[object, ...], GpuLayout | PlanError], name: str | None, spec: SharingPolicySpec, gpu: GpuStatus
-) -> GpuLayout | PlanError:
+def _plan(memo: PlanMemo, name: str | None, spec: SharingPolicySpec, gpu: GpuStatus) -> GpuLayout | PlanError:
     """plan_gpu_layout, memoised on everything about the GPU the plan depends on."""
     model = catalog_model(gpu.model, gpu.product_name)
     key = (
@@ -217,13 +243,13 @@ def _plan(
         gpu.in_use,
         tuple((i.profile, i.start, i.in_use, i.dynamic) for i in gpu.mig_instances),
     )
-    cached = memo.get(key)
+    cached = memo.plan(key, spec)
     if cached is None:
         try:
             cached = plan_gpu_layout(spec, gpu, policy=name)
         except PlanError as exc:
             cached = exc
-        memo[key] = cached
+        memo.keep_plan(key, spec, cached)
     if isinstance(cached, PlanError):
         return _for_gpu(cached, gpu)
     return cached.model_copy(update={"uuid": gpu.uuid})
