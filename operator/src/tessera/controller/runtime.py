@@ -45,6 +45,7 @@ from tessera.controller.drains import Drains
 from tessera.controller.freshclaims import FreshClaims
 from tessera.controller.handover import APISERVER_START_WAIT_S, STARTING_S, Handover
 from tessera.controller.missing import MissingDevices, missing_device_event
+from tessera.controller.policysweep import PolicySweep
 from tessera.controller.publisher import OURS, SlicePublisher, slice_pool, slice_stub
 from tessera.controller.schedwake import WAKE_ANNOTATION, SchedulerWake
 from tessera.controller.state import Fleet
@@ -102,6 +103,10 @@ class Controller:
         self.statuses = PolicyStatusWriter(self.fleet, self.decisions, self._patch_policy_status, self._post_event,
                                            self.demand.with_status)
         self._status_task: asyncio.Task[None] | None = None
+        # Policies deleted while Kopf's watch was starting over (it says nothing of those).
+        self.policy_sweep = PolicySweep(lambda: self.api.list_all(*POLICIES), self._read_policy,
+                                        lambda: self.fleet.policy_bodies.keys() | self.fleet.policy_errors.keys(),
+                                        self.policy_deleted, self.api.client.outages)
         self._watches: list[ListWatch] = []
         self._oldest_slice: str | None = None  # creationTimestamp of the oldest slice of ours at start
         # node -> the NodeLayout versions the watch brought while our spec write was in flight
@@ -177,6 +182,7 @@ class Controller:
                                                 name="tessera-policy-status")
         self.demand.start()
         self.wake.start()
+        self.policy_sweep.start()
         self.claim_checks.start()
         self.ready.set()
 
@@ -267,6 +273,7 @@ class Controller:
         self.handover.stop()
         await self.demand.stop()
         await self.wake.stop()
+        await self.policy_sweep.stop()
         for watch in self._watches:
             await watch.stop()
         await self.queue.stop()
@@ -277,6 +284,15 @@ class Controller:
                 await self._status_task
 
     # -- writes (each through the one door) ------------------------------------------------
+
+    async def _read_policy(self, name: str) -> dict[str, Any] | None:
+        try:
+            body: dict[str, Any] = await self.api.client.get(resource_path(*POLICIES, name))
+            return body
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     async def _answer_claim_check(self, namespace: str, name: str, answer: str) -> None:
         await self.writes("claimcheck/answer", write_claim_check_answer(self.api.client, namespace, name, answer))

@@ -82,6 +82,7 @@ class LocalCluster:
     server: str = ""
     kubeconfig: Path = field(default_factory=Path)
     scheduler_url: str = ""  # kube-scheduler's own HTTPS endpoint (/healthz, /metrics)
+    etcd_url: str = ""  # etcd's client endpoint (plain HTTP on loopback)
     ca_file: Path = field(default_factory=Path)
     token: str = field(default="", repr=False)
     _processes: list[_Process] = field(default_factory=list, repr=False)
@@ -179,6 +180,21 @@ class LocalCluster:
             raise LocalClusterError(f"{name} is not running in this cluster")
         return process
 
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to now (what kube-apiserver does every 5 minutes): a watch
+        that resumes from an older resourceVersion is then told 410 Gone and must list again.
+        Returns the revision compacted to."""
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            request = urllib.request.Request(f"{self.etcd_url}{path}", data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                answer: dict[str, Any] = json.loads(response.read())
+                return answer
+
+        revision = int(post("/v3/kv/range", {"key": "AA=="})["header"]["revision"])  # any key: the header
+        post("/v3/kv/compaction", {"revision": revision, "physical": True})
+        return revision
+
     def start_apiserver(self, timeout: float = 60.0) -> None:
         """Start kube-apiserver again, same port and flags, after ``kill_apiserver``."""
         old = next(p for p in self._processes if p.name == "kube-apiserver")
@@ -198,7 +214,7 @@ class LocalCluster:
         tokens.chmod(0o600)
 
         etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
-        etcd_url = f"http://127.0.0.1:{etcd_port}"
+        etcd_url = self.etcd_url = f"http://127.0.0.1:{etcd_port}"
         etcd = self._spawn("etcd", [
             str(self.binaries.etcd),
             "--name=local",
