@@ -22,17 +22,10 @@ from tessera.agent.reconciler import apply_layout
 from tessera.agent.status import build_status
 from tessera.models.layout import GpuLayout, Health, NodeLayoutSpec, NodeLayoutStatus, PlacedInstance
 from tessera.models.policy import Strategy
+from tests.fakeclock import FakeClock
 from tests.plugin_helpers import FakeClaimReader, PluginDirs, short_tmp_dir
 
 NODE = "gpu-node-1"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def sim() -> SimulatedBackend:
@@ -77,7 +70,7 @@ def test_a_fatal_xid_marks_the_gpu_until_it_is_reset_and_an_application_xid_neve
 
 
 def test_an_unhealthy_gpu_clears_after_the_quiet_period_and_a_new_error_restarts_it() -> None:
-    clock = Clock()
+    clock = FakeClock(1_000_000.0)
     backend, tracker = sim(), HealthTracker(recovery_seconds=300, clock=clock)
     backend.hardware.inject_ecc_error(1)
     tracker.record_events(events(backend))

@@ -15,6 +15,7 @@ from tessera.dra.devices import RESERVED_TAINT_KEY
 from tessera.models.policy import SharingPolicyStatus
 from tests.controller_fleet import NODE, claim_body, layout_body, node_body, policy_body
 from tests.dra_gpus import gpu
+from tests.fakeclock import FakeClock
 
 ADAPTIVE = {
     "strategy": "Adaptive",
@@ -27,14 +28,6 @@ ADAPTIVE = {
     },
 }
 THREE_G = 'device.attributes["gpu.tessera.dev"].migProfile == "3g.40gb"'
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class View:
@@ -94,7 +87,7 @@ def setup(gpus: int = 2) -> tuple[View, AdaptiveDemand, FakeClock, list[tuple[st
     async def post(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         events.append((body["metadata"]["name"], type_, reason, message))
 
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     return view, AdaptiveDemand(view, post, clock=clock), clock, events
 
 
@@ -255,7 +248,7 @@ def _restarted(view: View, status: SharingPolicyStatus | None) -> tuple[Adaptive
     async def post(body: dict[str, Any], type_: str, reason: str, message: str) -> None:
         return None
 
-    clock, wall = FakeClock(), FakeWallClock()
+    clock, wall = FakeClock(1000.0), FakeWallClock()
     clock.now = 7.0  # another process: its monotonic clock has nothing to do with the last one's
     return AdaptiveDemand(view, post, clock=clock, wall_clock=wall), clock, wall
 

@@ -20,6 +20,7 @@ from tessera.kube.outages import Outages
 from tessera.localcluster.cluster import wait_for
 from tessera.models.layout import GpuLayout
 from tests.controller_fleet import NODE, claim_body
+from tests.fakeclock import FakeClock
 
 GRACE = 1.0
 
@@ -57,15 +58,7 @@ def handover(come_back: Callbacks, outages: Outages | None = None) -> Handover:
     return Handover(FreshClaims(no_claims), GRACE, come_back, Enqueued(), outages)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def spells(clock: Clock, *periods: tuple[float, float]) -> Outages:
+def spells(clock: FakeClock, *periods: tuple[float, float]) -> Outages:
     """Outages seen by a client that had been answered, and whose calls then failed over each
     (began, ended) period."""
     outages = Outages(clock)
@@ -81,7 +74,7 @@ def spells(clock: Clock, *periods: tuple[float, float]) -> Outages:
 
 
 def test_after_an_outage_the_wait_is_client_gos_longest_next_retry_and_its_catch_up() -> None:
-    clock = Clock()
+    clock = FakeClock(0.0)
     assert watchers_back_by(Outages(clock)) == -math.inf, "no outage, no wait"
     # 3 s without an answer: an informer's current wait is at most 3.8 s, stretched to 7.6 s by jitter.
     assert watchers_back_by(spells(clock, (100.0, 103.0))) == 103.0 + 7.6 + 5.0
@@ -100,7 +93,7 @@ def test_after_an_outage_the_wait_is_client_gos_longest_next_retry_and_its_catch
 def test_an_outage_the_process_started_into_is_taken_as_long_whatever_it_saw_of_it() -> None:
     """An operator restarted during an outage sees only its tail: the scheduler's informers may
     have been failing for minutes and wait up to 60 s for their next try."""
-    clock = Clock()
+    clock = FakeClock(0.0)
     started_into = Outages(clock)
     clock.now = 100.0
     started_into.failed()  # the first call of this process finds no apiserver
@@ -131,7 +124,7 @@ def test_an_outage_the_process_started_into_is_taken_as_long_whatever_it_saw_of_
 def test_the_hold_is_unknown_until_the_start_has_read_what_the_process_did_not_see() -> None:
     """The gauge an admin (and test_watch_recovery) reads: +Inf until the operator's start has
     added the apiserver starts it learned of, then the wait they make; never 0 in between."""
-    clock, started = Clock(), [False]
+    clock, started = FakeClock(0.0), [False]
     outages = Outages(clock)
     rooms = Handover(FreshClaims(no_claims), GRACE, Callbacks(), Enqueued(), outages, known=lambda: started[0])
     assert rooms.held_s(now=10.0) == math.inf, "before the start has read the Leases"
@@ -145,7 +138,7 @@ async def test_a_taint_published_just_after_an_outage_waits_for_the_schedulers_i
     """The fault campaign's case: the apiserver was killed, the operator tainted a GPU's devices
     as it came back, and a 1 s grace later recut the GPU the scheduler went on to allocate from
     the slices it had before the outage."""
-    clock, come_back = Clock(), Callbacks()
+    clock, come_back = FakeClock(0.0), Callbacks()
     outages = spells(clock, (10.0, 13.0))  # back by 13 + 7.6 + 5 = 25.6
     rooms = handover(come_back, outages)
     decision = deciding(drain("GPU-a", {"gpu-0"}))

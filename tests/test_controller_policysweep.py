@@ -8,14 +8,7 @@ from typing import Any
 
 from tessera.controller.policysweep import PolicySweep
 from tessera.kube.outages import Outages
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakeclock import FakeClock
 
 
 class Api:
@@ -35,13 +28,13 @@ class Api:
         return {"metadata": {"name": name}} if name in self.names else None
 
 
-def sweep_of(api: Api, view: set[str], clock: Clock, outages: Outages | None = None) -> PolicySweep:
+def sweep_of(api: Api, view: set[str], clock: FakeClock, outages: Outages | None = None) -> PolicySweep:
     return PolicySweep(api.list, api.get, lambda: set(view), view.discard,
                        Outages(clock) if outages is None else outages, every=30.0, clock=clock)
 
 
 async def test_a_policy_the_api_no_longer_has_is_forgotten_and_one_it_has_is_not_read_again() -> None:
-    api, clock = Api("kept"), Clock()
+    api, clock = Api("kept"), FakeClock(100.0)
     view = {"kept", "gone"}
     sweep = sweep_of(api, view, clock)
 
@@ -55,7 +48,7 @@ async def test_a_policy_the_api_no_longer_has_is_forgotten_and_one_it_has_is_not
 async def test_a_policy_created_after_the_list_began_is_kept() -> None:
     """In the view (its watch event came) but not in a list that began before it was made: the
     read by name finds it."""
-    api, clock = Api("old"), Clock()
+    api, clock = Api("old"), FakeClock(100.0)
     view = {"old", "new"}
     listed = api.list
 
@@ -73,7 +66,7 @@ async def test_a_policy_created_after_the_list_began_is_kept() -> None:
 
 
 async def test_reads_come_every_period_at_once_after_an_outage_and_never_during_one() -> None:
-    api, clock = Api(), Clock()
+    api, clock = Api(), FakeClock(100.0)
     outages = Outages(clock)
     sweep = sweep_of(api, set(), clock, outages)
     await sweep.run_pass()

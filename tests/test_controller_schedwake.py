@@ -10,18 +10,11 @@ from typing import Any
 from tessera.controller.schedwake import SchedulerWake
 from tessera.controller.writes import NotLeading
 from tessera.kube.http import ApiError
+from tests.fakeclock import FakeClock
 
 OURS = "gpu.tessera.dev"
 SHARED = "shared-gpu.tessera.dev"
 WHOLE = "whole-gpu.tessera.dev"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def claim(name: str, device_class: str = SHARED, *, allocated: bool = False, share: bool = True,
@@ -43,7 +36,7 @@ class Room:
     DeviceClass writes it made."""
 
     def __init__(self, fail: BaseException | None = None) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock(1000.0)
         self.refused: dict[str, float] = {}
         self.writes: list[str] = []
         self.fail = fail

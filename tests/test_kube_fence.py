@@ -15,18 +15,11 @@ import pytest
 from tessera.kube.fence import NotLeading, WriteFence
 from tessera.kube.http import Credentials, KubeClient
 from tessera.kube.lease import LeaseTiming, micro_time, record_of
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakeclock import FakeClock
 
 
 def test_a_fence_is_shut_until_opened_and_shuts_by_itself_at_its_deadline() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     fence = WriteFence(clock)
     with pytest.raises(NotLeading, match="PATCH /x refused"):
         fence.check("PATCH", "/x")
