@@ -205,3 +205,28 @@ async def test_the_agent_takes_only_the_answer_to_its_own_latest_ask() -> None:
         await view.fresh()
     assert len(api.asked) == 5
     assert len(set(api.asked)) == 5, "a new token for every ask"
+
+
+def test_every_claim_deletion_the_watch_passes_on_is_told_and_the_claims_it_keeps_stubs_of() -> None:
+    """``gone`` hears each claim deletion the ordered watch passes on (those a relist finds too:
+    Kopf's watch says nothing of those), not a fence claim's; the watch keeps a stub (what a
+    relist needs to find a deletion) of every claim the operator's view holds: holding a
+    device, or waiting for one of Tessera's classes."""
+    told: list[str] = []
+    checks = ClaimChecks(cast(KubeClient, object()), Answers(), NS, asyncio.Event(),
+                         gone=lambda body: told.append(body["metadata"]["name"]))
+    held, pending = claim_body("held", [("node-a", "gpu-0")]), claim_body("pending")
+    pending["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.dev"}}]}}
+    other = claim_body("other")
+    other["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "someone-else"}}]}}
+
+    assert checks._stub(held) is not None
+    assert checks._stub(pending) is not None
+    assert checks._stub(other) is None, "not in the operator's view: nothing to forget"
+    assert checks._stub(fence("node-a", "a-1")) is not None
+
+    checks.seen("DELETED", held)
+    checks.seen("DELETED", pending)
+    checks.seen("DELETED", fence("node-a", "a-1"))
+    checks.seen("MODIFIED", other)
+    assert told == ["held", "pending"]

@@ -28,8 +28,11 @@ a guess.
 Why a watch of its own and not the Kopf claim handler's events: Kopf hands each object's events
 to a worker of that object's own, so across objects it keeps no order, and an ask can be
 handled before an allocation committed ahead of it. The Kopf handler still drives every
-decision; this watch only answers asks. Its cost is one more watcher of every claim, whatever
-the number of agents.
+decision; this watch answers asks, and tells the operator (``gone``) of every deletion it sees,
+those its relists find too: when Kopf's own watch starts over (410 Gone) it lists again and says
+nothing of a claim deleted meanwhile, which the operator's view would hold on to (a hold that
+no longer exists keeps its GPU from being recut). Its cost is one more watcher of every claim,
+whatever the number of agents.
 
 Cost per check: two small writes (the ask and the answer), each delivered to the few watchers
 of every claim (this operator, kube-scheduler, kube-controller-manager) and to the asking
@@ -51,6 +54,7 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from tessera import DRIVER_NAME, RESOURCE_GROUP, RESOURCE_VERSION
+from tessera.controller.state import claim_hold, pending_on_our_classes
 from tessera.kube.claims import ANSWER_ANNOTATION, ASK_ANNOTATION, FENCE_PREFIX, NODE_ANNOTATION
 from tessera.kube.fence import NotLeading
 from tessera.kube.http import ApiError, KubeClient
@@ -81,8 +85,10 @@ class ClaimChecks:
     ``namespace`` answered from them. ``start()`` / ``stop()``."""
 
     def __init__(self, client: KubeClient, answer: Answer, namespace: str, leading: asyncio.Event,
-                 driver: str = DRIVER_NAME, retry_after: float = 1.0) -> None:
+                 driver: str = DRIVER_NAME, retry_after: float = 1.0,
+                 gone: Callable[[Mapping[str, Any]], None] | None = None) -> None:
         self._answer = answer
+        self._gone = gone  # told of each claim deletion (fence claims apart), as the watch passes it on
         self.namespace = namespace
         self.driver = driver
         self._leading = leading
@@ -123,8 +129,9 @@ class ClaimChecks:
         return name, str(node), annotations
 
     def _stub(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Kept (to learn of its deletion after a relist): our claims and fence claims only."""
-        if self._fence(body) is None and not held_devices(body, self.driver):
+        """Kept (to learn of its deletion after a relist): fence claims, claims holding a
+        device, and claims waiting for one of Tessera's classes (the operator's view has those)."""
+        if self._fence(body) is None and claim_hold(body) is None and not pending_on_our_classes(body):
             return None
         meta = body.get("metadata") or {}
         return {"metadata": {k: meta[k] for k in ("name", "namespace", "resourceVersion") if k in meta}}
@@ -135,6 +142,8 @@ class ClaimChecks:
         if fence is not None:
             self._ask_seen(kind, *fence)
             return
+        if kind == "DELETED" and self._gone is not None:
+            self._gone(body)
         meta = body.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         for node in self._nodes_of.pop(key, ()):

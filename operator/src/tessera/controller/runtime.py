@@ -92,7 +92,8 @@ class Controller:
         self.handover = Handover(fresh, handover_grace, self.queue.later, self.enqueue, self.api.client.outages,
                                  known=lambda: self.ready.is_set())
         # The agents' checks of their nodes' claims (for specs that say claimCheck: Operator).
-        self.claim_checks = ClaimChecks(self.api.client, self._answer_claim_check, INSTALL_NAMESPACE, self.leading)
+        self.claim_checks = ClaimChecks(self.api.client, self._answer_claim_check, INSTALL_NAMESPACE, self.leading,
+                                        gone=self._claim_gone)
         self.publisher = SlicePublisher(api, self.writes, self._slices_changed)
         self.drains = Drains(self.fleet, self._evict_pod, self.queue.later)
         self.missing = MissingDevices(self._post_missing)
@@ -479,6 +480,14 @@ class Controller:
         self.demand.claim_seen(event_type, body)
         self.wake.claim_seen(event_type, body)
         self.enqueue(*sorted(nodes))
+
+    def _claim_gone(self, body: Mapping[str, Any]) -> None:
+        """A claim deletion the ordered claim watch saw (``ClaimChecks``): Kopf's handler
+        usually has it already; after Kopf's watch started over it never will."""
+        meta = body.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        if key in self.fleet.claims or key in self.fleet.pending_claims:
+            self.claim_seen("DELETED", body)
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:
         """A watch event for one of our slices: someone else's change to a node's slices (see
