@@ -117,6 +117,7 @@ from tessera.localcluster.cluster import _die_with_parent, free_port
 from tessera.localcluster.processes import TesseraProcess, TesseraProcesses
 from tessera.log import configure_logging
 from tessera.models.claimcheck import ClaimCheckAnswer
+from tessera.tasks import cancel
 
 ROOT = Path(__file__).resolve().parents[1]
 LABEL = "tessera.dev/bench"
@@ -179,13 +180,6 @@ async def watch_forever(api: KubeClient, group: str, version: str, plural: str,
         except Exception as exc:  # a broken watch is restarted, as the agent's is
             log.debug("watch ended; restarting it", plural=plural, error=str(exc))
             await asyncio.sleep(1.0)
-
-
-async def cancel(task: asyncio.Task[Any] | None) -> None:
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def proc_status(pid: int, key: str) -> int:
@@ -335,11 +329,7 @@ class AgentFleet:
 
     async def stop(self) -> None:
         await self.claim_watch.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(*self._tasks)
 
     def _on_claim(self, kind: str, body: dict[str, Any]) -> None:
         meta = body.get("metadata") or {}

@@ -8,11 +8,12 @@ Not for: work queues or watches (``tessera.controller.workqueue``, ``tessera.kub
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
+
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.operator")
 
@@ -30,10 +31,7 @@ class Periodic:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(task)
 
     async def _loop(self) -> None:
         while True:

@@ -61,6 +61,7 @@ from tessera.kube.http import ApiError, resource_path, retry_delay
 from tessera.kube.objects import CLAIMS, DEVICE_CLASSES, LAYOUTS, NODES, POLICIES, SLICES, Api
 from tessera.kube.watch import ListWatch, OnEvent
 from tessera.models.layout import NodeLayout
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.operator")
 
@@ -279,10 +280,7 @@ class Controller:
             await watch.stop()
         await self.queue.stop()
         await self.claim_checks.stop()
-        if self._status_task is not None:
-            self._status_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._status_task
+        await cancel(self._status_task)
 
     # -- writes (each through the one door) ------------------------------------------------
 

@@ -14,7 +14,6 @@ Not for: the agent (its loop runs only small per-node work), or timing individua
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import threading
 import time
@@ -22,6 +21,8 @@ import traceback
 
 import structlog
 from prometheus_client import Histogram
+
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.operator")
 
@@ -55,10 +56,7 @@ class StallWatch:
 
     async def stop(self) -> None:
         self._stopped.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel(self._task)
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
 

@@ -26,7 +26,6 @@ Not for: what a reconcile does (``runtime.Controller.reconcile``) or any API cal
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -36,6 +35,7 @@ from prometheus_client import Counter, Histogram
 
 from tessera.kube.fence import NotLeading
 from tessera.kube.http import ApiError, retry_delay
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.operator")
 
@@ -132,11 +132,7 @@ class WorkQueue:
     async def stop(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(*self._tasks)
 
     async def _work(self) -> None:
         while True:

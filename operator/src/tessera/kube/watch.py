@@ -37,7 +37,6 @@ Not for: what the events mean (the callback's business), or one-off lists
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ import orjson
 import structlog
 
 from tessera.kube.http import RETRY_BACKOFF, ApiError, KubeClient, resource_path, retry_delay
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.kube.watch")
 
@@ -173,10 +173,7 @@ class ListWatch:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(task)
 
     async def run(self) -> None:
         """List and watch until cancelled."""

@@ -27,6 +27,7 @@ import structlog
 from tessera.agent.plugin.claims import ClaimRef, ClaimStatusWriter
 from tessera.agent.plugin.steps import PluginMetrics
 from tessera.kube.http import ApiError, retry_delay
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.agent.plugin")
 
@@ -76,10 +77,7 @@ class ClaimStatusWrites:
         """Give pending writes ``grace`` seconds to land, then stop trying."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), grace)
-        for task in list(self._tasks.values()):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(*self._tasks.values())
         if self._wishes:
             log.warning("claim device status not written before stopping", claims=sorted(self._wishes))
 
