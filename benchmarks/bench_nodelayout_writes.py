@@ -44,7 +44,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_operator import apiserver_cpu, cpu_by_child  # noqa: E402
+from benchmarks.bench_operator import apiserver_cpu, cpu_by_child, fetch_profile  # noqa: E402
 from benchmarks.bench_operator_memory import layout_body  # noqa: E402
 
 from tessera.kube.http import KubeClient, resource_path  # noqa: E402
@@ -80,13 +80,6 @@ async def timed(label: str, count: int, one: Callable[[int, int], Awaitable[Any]
     cpu, writes = apiserver_cpu(before), rounds * count
     print(f"{label:58} {writes} writes in {time.monotonic() - started:5.2f} s, apiserver "
           f"{cpu:5.2f} CPU s: {cpu / writes * 1000:5.2f} ms per write", flush=True)
-
-
-def fetch_profile(cluster: LocalCluster, seconds: int, out: Path) -> None:
-    """The apiserver's CPU profile over the next ``seconds`` (it answers when they have passed)."""
-    subprocess.run(["curl", "-sSf", "--cacert", str(cluster.ca_file), "-H", "@-",  # the token off argv
-                    "-o", str(out), f"{cluster.server}/debug/pprof/profile?seconds={seconds}"],
-                   input=f"Authorization: Bearer {cluster.token}\n", text=True, check=True, timeout=seconds + 60)
 
 
 def print_profile(cluster: LocalCluster, profile: Path, writes: int) -> None:

@@ -72,6 +72,11 @@ own counts (its /metrics: requests by verb and resource, watch events sent by ki
 seconds in each replay: whether the rollout costs the apiserver more than the writes it must
 make (extra reads, watchers), or only the same writes at another moment.
 
+``--apiserver-pprof SECONDS`` turns the apiserver's profiling on and takes its Go CPU profile
+for that long from the policy's apply, and again from the start of the fastest-concurrency
+replay with the agents' writes (kept as ``/tmp/apiserver-{rollout,replay}-n<N>.pprof``), and prints the hottest functions of each (``go tool pprof -top
+-cum``): where the rollout costs the apiserver more than the same writes replayed.
+
 ``--history`` prints every SharingPolicy status the rollout went through (as a watch saw it).
 ``--profile DIR`` runs the first and the restarted operator of each N under cProfile and prints
 their hottest functions (the profiles also land in DIR; cProfile slows them, so their figures
@@ -137,6 +142,7 @@ RECONCILED = 'tessera_operator_reconciles_total{result="ok"}'
 FAILED = 'tessera_operator_reconciles_total{result="error"}'
 PASSES = "tessera_operator_policy_status_passes_total"
 SLICES = ("resource.k8s.io", "v1", "resourceslices")
+PPROF_DIR = Path(tempfile.gettempdir())  # --apiserver-pprof's profiles stay here, for go tool pprof
 MANAGED = "app.kubernetes.io/managed-by=tessera"
 
 log = structlog.get_logger("bench")
@@ -278,6 +284,21 @@ def put_counts(fig: dict[str, str], title: str, after: dict[str, float], before:
     fig[title] = f"{sum(v for k, v in changed.items() if not k.startswith('watch'))} requests"
     for key, count in sorted(changed.items(), key=lambda kv: -kv[1])[:top]:
         fig[f"  {title.split(':', 1)[0]}: {key}"] = str(count)
+
+
+def fetch_profile(cluster: LocalCluster, seconds: int, out: Path) -> None:
+    """The apiserver's Go CPU profile over the next ``seconds`` (it answers when they have passed)."""
+    subprocess.run(["curl", "-sSf", "--cacert", str(cluster.ca_file), "-H", "@-",  # the token off argv
+                    "-o", str(out), f"{cluster.server}/debug/pprof/profile?seconds={seconds}"],
+                   input=f"Authorization: Bearer {cluster.token}\n", text=True, check=True, timeout=seconds + 60)
+
+
+def print_pprof(cluster: LocalCluster, profile: Path, title: str, nodes: int = 40) -> None:
+    """The hottest functions of a Go CPU profile, cumulative (``go tool pprof -top -cum``)."""
+    top = subprocess.run(["go", "tool", "pprof", "-top", "-cum", f"-nodecount={nodes}",
+                          str(cluster.binaries.kube_apiserver), str(profile)],
+                         capture_output=True, text=True, check=True, timeout=120)
+    print(f"-- {title} --\n{top.stdout}", flush=True)
 
 
 def mib(n: int) -> str:
@@ -843,7 +864,8 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
     print(f"\n== N={n} nodes x {GPUS_PER_NODE} GPUs ({args.simulate}) ==", flush=True)
 
     started = time.monotonic()
-    cluster = await asyncio.to_thread(LocalCluster.start)
+    pprof = int(args.apiserver_pprof or 0)
+    cluster = await asyncio.to_thread(LocalCluster.start, apiserver_args=("--profiling=true",) if pprof else ())
     processes = TesseraProcesses(cluster, workdir / f"n{n}")
     kube = KubeClient.from_environment(str(cluster.kubeconfig))  # for the fleet, the watches and the floor
     fleet: AgentFleet | None = None
@@ -898,6 +920,10 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fleet_writes = fleet.status_writes()
         rollout_writes.recording = True
         fleet.recording = True
+        profiles: list[tuple[str, asyncio.Task[None]]] = []
+        if pprof:
+            profiles.append(("the rollout", asyncio.create_task(asyncio.to_thread(
+                fetch_profile, cluster, pprof, PPROF_DIR / f"apiserver-rollout-n{n}.pprof"))))
         t0 = time.monotonic()
         cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(MIG_POLICY))
         published_at: float | None = None
@@ -1009,6 +1035,9 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         for concurrency in concurrencies:
             await restore(kube, state_before, concurrency)
             cpu_before, counts_before = cpu_by_child(), apiserver_counts(cluster)
+            if pprof and concurrency == max(concurrencies):
+                profiles.append(("the replay with the agents' writes", asyncio.create_task(asyncio.to_thread(
+                    fetch_profile, cluster, pprof, PPROF_DIR / f"apiserver-replay-n{n}.pprof"))))
             with_agents.append(await replay(kube, rollout_writes.writes(with_agents=True), concurrency))
             fig[f"floor+agents: raw, {concurrency} nodes at once"] = (
                 f"{with_agents[-1]:.1f}s (apiserver CPU {apiserver_cpu(cpu_before):.1f} s, "
@@ -1024,6 +1053,10 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
               f"(floor {floor_agents:.1f} s)", flush=True)
         print(f"rollout/cpu-bound N={n}: {(published_at - t0) / bound:.2f}x "
               f"({cpu_to_published:.1f} CPU s of every process over {cores} cores = {bound:.1f} s)", flush=True)
+        for what, task in profiles:
+            await task
+            print_pprof(cluster, PPROF_DIR / f"apiserver-{'rollout' if what == 'the rollout' else 'replay'}-n{n}.pprof",
+                        f"the apiserver's CPU over {pprof} s of {what}, N={n}")
         return result
     except BaseException:
         for process in processes.processes:
@@ -1119,6 +1152,8 @@ def main() -> int:
                         "or MIG all-balanced (the policy applied before the operator's first start)")
     parser.add_argument("--operator-env", action="append", default=[], metavar="NAME=VALUE",
                         help="set in the operators' environment (an allocator setting to compare); repeatable")
+    parser.add_argument("--apiserver-pprof", type=int, default=0, metavar="SECONDS",
+                        help="take the apiserver's CPU profile for SECONDS of the rollout and of a replay")
     parser.add_argument("--history", action="store_true", help="print the SharingPolicy status history")
     parser.add_argument("--profile", default=None,
                         help="run the first and the restarted operator under cProfile, profiles here")

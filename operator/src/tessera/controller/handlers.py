@@ -4,7 +4,8 @@ SharingPolicies and ResourceClaims get plain Kopf event handlers, which store no
 objects: Kopf writes nothing at all (no finalizers, annotations or events), so that every write
 goes through the fenced client of the replica that holds the lease
 (``tessera.controller.leadership`` says how the two replicas, Kopf and the fence combine). The high-volume
-kinds — Nodes, NodeLayouts (large) and our ResourceSlices — skip Kopf: the Controller's own
+kinds — Nodes, NodeLayouts (large) and our ResourceSlices — skip Kopf, and so do the agents'
+fence claims (a label selector on Kopf's claim watch): the Controller's own
 ``tessera.kube.watch`` loops hand each event on as the API sent it, with no per-event deep
 copy or per-object bookkeeping. The startup handler holds the settings, starts the Controller
 (warm, as a standby) and the leader election; cleanup hands the lease over and stops both.
@@ -24,6 +25,7 @@ from tessera.controller.leadership import Leadership, LeaseSettings
 from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
 from tessera.controller.stallwatch import StallWatch
+from tessera.kube.claims import NOT_FENCE_CLAIMS
 from tessera.kube.http import RETRY_BACKOFF
 from tessera.kube.lease import LeaseTiming
 from tessera.kube.objects import CLAIMS, POLICIES, Api
@@ -92,8 +94,8 @@ async def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
     )
 
 
-@kopf.on.startup(registry=registry)
-async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Kopf's settings for this operator (its startup handler applies them)."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = EventsOnlyDiffBase()
     # Event handlers need no finalizer; Kopf removes its own from objects that no handler needs it
@@ -111,7 +113,16 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.watching.inactivity_timeout = idle_timeout_from_environment()
+    # The agents' fence claims (one a node) hold nothing, and each claim check writes one twice
+    # (the ask and the answer): the apiserver leaves them out of Kopf's claim watch and lists,
+    # so Kopf never parses or queues them. ``ClaimChecks`` watches every claim, fences included.
+    settings.watching.label_selectors[CLAIMS[0], CLAIMS[2]] = NOT_FENCE_CLAIMS
     settings.networking.error_backoffs = list(RETRY_BACKOFF)  # Tessera's one retry schedule
+
+
+@kopf.on.startup(registry=registry)
+async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+    configure(settings)
     memo.stallwatch = StallWatch()  # says when and where the loop (and so the Lease) is held up
     memo.stallwatch.start()
     leadership = _leadership(memo)

@@ -152,7 +152,7 @@ class Controller:
         reconciled twice for it. Slices whose node has gone are deleted."""
         for body in await self._list_until_answered(POLICIES):
             self.fleet.set_policy(body)
-        for body in await self._list_until_answered(CLAIMS):
+        for body in await self._list_until_answered(CLAIMS, NOT_FENCE_CLAIMS):
             self.fleet.set_claim(body)
             self.demand.claim_seen("ADDED", body)
             self.wake.claim_seen("ADDED", body)
@@ -255,13 +255,14 @@ class Controller:
         except (NotLeading, ApiError) as exc:  # not leading, or the policy changed: its next event comes here again
             log.info("did not lift the old finalizer", policy=meta.get("name"), why=repr(exc))
 
-    async def _list_until_answered(self, resource: tuple[str, str, str]) -> list[dict[str, Any]]:
+    async def _list_until_answered(self, resource: tuple[str, str, str],
+                                   label_selector: str = "") -> list[dict[str, Any]]:
         """A list at start, tried again after a backoff until the apiserver answers: the
         operator may start while the apiserver is away, and failing its start would leave the
         retry to Kopf's startup backoff, a whole minute."""
         for attempt in itertools.count():
             try:
-                return await self.api.list_all(*resource)
+                return await self.api.list_all(*resource, label_selector)
             except Exception as exc:  # the connection refused, a 5xx, a 403 while RBAC is applied ...
                 delay = retry_delay(attempt)
                 log.warning("cannot read the cluster yet; trying again", resource=resource[2], error=repr(exc),
