@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from types import SimpleNamespace
 from typing import Any, cast
@@ -283,3 +284,45 @@ async def test_a_node_that_asks_for_a_list_comes_back_once_it_is_read_and_a_late
     assert rooms.fresh_for(NODE, cleared) is None, "not asked for, and more than a grace old: read anew"
     await wait_for(lambda: len(enqueued.nodes) == 2, timeout=5, interval=0.005)
     assert len(lists) == 2
+
+
+async def test_the_wave_step_follows_what_a_fresh_list_costs() -> None:
+    """Half a grace before any list and while lists are slow (a large cluster's claims: at most
+    one per half-grace); a tenth of a grace once lists are cheap, so a node's grace ends at most
+    that late; four times the list's time in between."""
+    delay = [0.0]
+
+    async def listing() -> list[dict[str, Any]]:
+        await asyncio.sleep(delay[0])
+        return []
+
+    fresh = FreshClaims(listing)
+    rooms = Handover(fresh, GRACE, Callbacks(), Enqueued())
+    assert rooms.wave_step() == GRACE / 2, "no list yet"
+    await fresh.since(time.monotonic())
+    assert rooms.wave_step() == GRACE / 10, "a cheap list"
+    delay[0] = 0.05
+    await fresh.since(time.monotonic())
+    assert fresh.seconds is not None
+    assert rooms.wave_step() == min(GRACE / 2, max(GRACE / 10, 4 * fresh.seconds))
+    assert GRACE / 10 < rooms.wave_step() < GRACE / 2, "in between"
+    delay[0] = 0.2
+    await fresh.since(time.monotonic())
+    assert rooms.wave_step() == GRACE / 2, "a slow list: one per half-grace at most"
+    rooms.stop()
+
+
+def test_a_wave_never_ends_before_the_grace_it_rounds_up() -> None:
+    """Whatever the step (lists of any cost) and the due, a wave ends at or after the due, on the
+    step's grid, less than a step after it (seeded: a failure replays)."""
+    rng = random.Random(22)
+    fresh = FreshClaims(no_claims)
+    rooms = Handover(fresh, GRACE, Callbacks(), Enqueued())
+    for _ in range(20_000):
+        fresh.seconds = rng.choice([None, rng.uniform(0.0, 0.3), rng.choice([0.025, 0.0333, 0.07, 0.1])])
+        due = rng.choice([rng.uniform(0.0, 1e6), round(rng.uniform(0.0, 1e4), 1), rng.randrange(10**6) / 10])
+        step = rooms.wave_step()
+        end = rooms.wave_end(due)
+        assert end >= due, (due, step, end)
+        assert end - due < step + 1e-9, (due, step, end)
+        assert end == due or abs(end / step - round(end / step)) < 1e-6, (due, step, end)

@@ -34,6 +34,7 @@ class FreshClaims:
         self._read = read
         self._last: tuple[float, Holds] | None = None
         self._inflight: tuple[float, asyncio.Task[Holds]] | None = None
+        self.seconds: float | None = None  # how long the last list that answered took
 
     def ready(self, moment: float) -> Holds | None:
         """The holds from the last list if it started at or after ``moment``; else None."""
@@ -75,6 +76,7 @@ class FreshClaims:
             CLAIM_READS.inc()
             holds = Holds(h for body in await self._read() if (h := claim_hold(body)) is not None)
             self._last = (started, holds)
+            self.seconds = time.monotonic() - started
             return holds
         finally:
             self._inflight = None

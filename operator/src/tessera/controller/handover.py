@@ -62,6 +62,7 @@ CATCH_UP_S = 5.0  # a reconnected informer's relist (a large fleet's slices) and
 STARTING_S = 5.0  # an apiserver's identity Lease is written as it starts; requests may fail a while after
 # An apiserver start longer ago than this is past any informer's wait (a blind spell: 2 * 30 + 5 s after it)
 APISERVER_START_WAIT_S = STARTING_S + 2 * REFLECTOR_CAP_S + CATCH_UP_S
+LIST_SHARE = 4.0  # a wave's step is at least this many times what the last fresh claim list took
 
 HELD = Gauge("tessera_operator_handover_held_seconds",
              "How long no GPU may be handed over yet: kube-scheduler's informers may still be coming back from an "
@@ -157,8 +158,8 @@ class Handover:
 
     # One grace and one fresh claim list per wave (issue 22). Nodes handed over together end
     # their grace together: a grace that would end at ``due`` ends at the next wave boundary
-    # (a multiple of half the grace), so every node whose taint was acknowledged in the same
-    # half-grace shares one timer there, which starts one claim list for them all (a node
+    # (a multiple of the wave's step), so every node whose taint was acknowledged in the same
+    # step shares one timer there, which starts one claim list for them all (a node
     # that asks for a list itself joins one in flight or takes the last answer when it
     # qualifies: FreshClaims). Safety is the same as one list per node: every node's list still starts
     # after its own taint's grace (a boundary is never before the due it rounds up), so a
@@ -166,10 +167,22 @@ class Handover:
     # allocated is in the list. The list may also be up to one grace older than the decision it
     # serves (not older): that can only add holds a claim's deletion has since removed, which
     # delays a GPU (it drains, and the node comes back), never cuts a device a claim holds.
+    # The step follows what a list costs: four times the last list's time, between a tenth of
+    # the grace and half of it (half before any list). Cheap lists (a cluster of few claims)
+    # end a node's grace at most a tenth of a grace late; lists of a large cluster's claims keep
+    # to one per half-grace, as before, so listing never takes more than about a quarter of the
+    # time it has.
+    def wave_step(self) -> float:
+        """The spacing of wave boundaries now (seconds)."""
+        longest, shortest = self.grace / 2, self.grace / 10
+        listed = self.fresh_claims.seconds
+        step = longest if listed is None else min(longest, max(shortest, LIST_SHARE * listed))
+        return max(step, 0.01)
+
     def wave_end(self, due: float) -> float:
         """The wave boundary at or after ``due``: where a grace ending at ``due`` ends."""
-        step = max(self.grace / 2, 0.01)
-        return math.ceil(due / step) * step
+        step = self.wave_step()
+        return max(due, math.ceil(due / step) * step)  # max: a step of no exact binary value may round below
 
     def read_after(self, cleared: Cleared, now: float | None = None) -> float:
         """The moment a fresh claim list for ``cleared`` must start after: its wave's end, and
