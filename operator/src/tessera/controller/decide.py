@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from tessera.controller.state import ClaimHold, DrainState, Fleet, NodeView
 from tessera.dra.devices import GpuDevices, build_gpu_devices, with_drain_taints
-from tessera.models.devices import DeviceKind, DeviceRef, parse_device_name
+from tessera.models.devices import DeviceKind, DeviceRef, mig_device_name, parse_device_name
 from tessera.models.layout import ClaimCheck, GpuLayout, GpuStatus, NodeLayoutSpec, NodeLayoutStatus
 from tessera.models.policy import DrainMode, DrainSpec, Strategy
 from tessera.planner.fleet import FleetPlan, GpuPlan, NodeInventory, plan_fleet
@@ -130,7 +130,7 @@ def affected_devices(gpu: GpuStatus, published: frozenset[str], target: GpuLayou
     if _sharing(gpu) != _sharing(target):
         return published
     if target.strategy is Strategy.MIG:
-        kept = {DeviceRef(DeviceKind.MIG, gpu.index, i.profile, i.start).name for i in target.mig_instances}
+        kept = {mig_device_name(gpu.index, i.profile, i.start) for i in target.mig_instances}
         return (published - kept) or frozenset()  # nothing: the one empty frozenset, not one per GPU kept
     return frozenset()
 

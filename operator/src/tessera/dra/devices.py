@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from tessera import DRIVER_NAME
@@ -110,6 +111,7 @@ class GpuDevices:
     problems: tuple[str, ...] = field(default=())
 
 
+@lru_cache(maxsize=1024)  # a fleet has few memory sizes, and every decision formats each device's
 def _quantity(value: int) -> str:
     """The canonical Kubernetes form of a whole number of bytes or units (``85521956864`` →
     ``81559Mi``), which is what the apiserver returns, so stored and built slices compare equal."""
@@ -266,9 +268,11 @@ def whole_gpu_device(gpu: GpuStatus) -> Device:
     return _device(name, attrs, capacity, shared=sharing is not None, taints=_health_taints(gpu))
 
 
-def _mig_attributes(gpu: GpuStatus, profile: str, start: int, size: int, multiprocessors: int) -> dict[str, Attribute]:
+def _mig_attributes(gpu: GpuStatus, profile: str, start: int, size: int, multiprocessors: int,
+                    base: dict[str, Attribute] | None = None) -> dict[str, Attribute]:
+    """``base``: ``gpu_attributes(gpu)``, when the caller builds several devices of one GPU."""
     attrs: dict[str, Attribute] = {
-        **gpu_attributes(gpu),
+        **(gpu_attributes(gpu) if base is None else base),
         "type": {"string": TYPE_MIG},
         "parentUUID": {"string": gpu.uuid},
         "migProfile": {"string": profile},
@@ -282,11 +286,13 @@ def _mig_attributes(gpu: GpuStatus, profile: str, start: int, size: int, multipr
     return attrs
 
 
-def mig_instance_device(gpu: GpuStatus, instance: MigInstanceStatus) -> Device:
-    """A static MIG instance; multi-allocatable with consumable capacity under ``mig_sharing``."""
+def mig_instance_device(gpu: GpuStatus, instance: MigInstanceStatus,
+                        base: dict[str, Attribute] | None = None) -> Device:
+    """A static MIG instance; multi-allocatable with consumable capacity under ``mig_sharing``.
+    ``base``: ``gpu_attributes(gpu)``, when the caller builds several devices of one GPU."""
     name = mig_device_name(gpu.index, instance.profile, instance.start)
     sharing = gpu.mig_sharing
-    attrs = _mig_attributes(gpu, instance.profile, instance.start, instance.size, instance.multiprocessors)
+    attrs = _mig_attributes(gpu, instance.profile, instance.start, instance.size, instance.multiprocessors, base)
     attrs["uuid"] = {"string": instance.uuid}
     attrs = _share_attributes(attrs, sharing)
     total = memory_bytes(instance.memory_mib)
@@ -316,10 +322,12 @@ def placement_counters(profile: MigProfile, start: int) -> dict[str, dict[str, s
     return dict(sorted(counters.items()))
 
 
-def dynamic_mig_device(gpu: GpuStatus, profile: MigProfile, start: int) -> Device:
-    """One possible placement of ``profile`` on a DynamicMIG GPU, made when a claim gets it."""
+def dynamic_mig_device(gpu: GpuStatus, profile: MigProfile, start: int,
+                       base: dict[str, Attribute] | None = None) -> Device:
+    """One possible placement of ``profile`` on a DynamicMIG GPU, made when a claim gets it.
+    ``base``: ``gpu_attributes(gpu)``, when the caller builds several devices of one GPU."""
     name = dynamic_mig_device_name(gpu.index, profile.name, start)
-    attrs = _mig_attributes(gpu, profile.name, start, profile.memory_slices, profile.multiprocessors)
+    attrs = _mig_attributes(gpu, profile.name, start, profile.memory_slices, profile.multiprocessors, base)
     attrs["dynamic"] = {"bool": True}
     consumes = [{"counterSet": counter_set_name(gpu.index), "counters": placement_counters(profile, start)}]
     capacity = {MEMORY_CAPACITY: _capacity(memory_bytes(profile.memory_mib))}
@@ -344,7 +352,8 @@ def _build_gpu_devices(gpu: GpuStatus) -> GpuDevices:
     if gpu.strategy is Strategy.MIG:
         named = [(i, mig_device_name(gpu.index, i.profile, i.start)) for i in gpu.mig_instances]
         ordered = sorted(named, key=lambda pair: static_instance_order(*pair))
-        return GpuDevices(gpu.index, gpu.uuid, tuple(mig_instance_device(gpu, i) for i, _ in ordered))
+        base = gpu_attributes(gpu)
+        return GpuDevices(gpu.index, gpu.uuid, tuple(mig_instance_device(gpu, i, base) for i, _ in ordered))
     model = catalog_model(gpu.model, gpu.product_name)
     if model is None or not model.mig_capable:
         problem = f"GPU {gpu.index} ({gpu.product_name}) has no known MIG profiles; DynamicMIG publishes nothing"
@@ -359,9 +368,10 @@ def _build_gpu_devices(gpu: GpuStatus) -> GpuDevices:
         ),
         key=lambda p: dynamic_placement_order(p[0].kind, p[1], dynamic_mig_device_name(gpu.index, p[0].name, p[1])),
     )
+    base = gpu_attributes(gpu)
     return GpuDevices(
         gpu.index,
         gpu.uuid,
-        tuple(dynamic_mig_device(gpu, profile, start) for profile, start in placements),
+        tuple(dynamic_mig_device(gpu, profile, start, base) for profile, start in placements),
         counter_sets=(dynamic_mig_counter_set(gpu),),
     )
