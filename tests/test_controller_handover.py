@@ -13,6 +13,8 @@ import time
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from tessera.controller.decide import NodeDecision
 from tessera.controller.freshclaims import FreshClaims
 from tessera.controller.handover import Handover, watchers_back_by
@@ -289,26 +291,20 @@ async def test_a_node_that_asks_for_a_list_comes_back_once_it_is_read_and_a_late
 async def test_the_wave_step_follows_what_a_fresh_list_costs() -> None:
     """Half a grace before any list and while lists are slow (a large cluster's claims: at most
     one per half-grace); a tenth of a grace once lists are cheap, so a node's grace ends at most
-    that late; four times the list's time in between."""
-    delay = [0.0]
-
+    that late; four times the list's time in between. What a list took is measured."""
     async def listing() -> list[dict[str, Any]]:
-        await asyncio.sleep(delay[0])
+        await asyncio.sleep(0.05)
         return []
 
     fresh = FreshClaims(listing)
     rooms = Handover(fresh, GRACE, Callbacks(), Enqueued())
     assert rooms.wave_step() == GRACE / 2, "no list yet"
     await fresh.since(time.monotonic())
-    assert rooms.wave_step() == GRACE / 10, "a cheap list"
-    delay[0] = 0.05
-    await fresh.since(time.monotonic())
     assert fresh.seconds is not None
-    assert rooms.wave_step() == min(GRACE / 2, max(GRACE / 10, 4 * fresh.seconds))
-    assert GRACE / 10 < rooms.wave_step() < GRACE / 2, "in between"
-    delay[0] = 0.2
-    await fresh.since(time.monotonic())
-    assert rooms.wave_step() == GRACE / 2, "a slow list: one per half-grace at most"
+    assert fresh.seconds >= 0.05, "the list's time, measured"
+    for took, step in ((0.001, GRACE / 10), (0.05, 0.2), (0.2, GRACE / 2), (3.0, GRACE / 2)):
+        fresh.seconds = took
+        assert rooms.wave_step() == pytest.approx(step), f"a list of {took} s"
     rooms.stop()
 
 

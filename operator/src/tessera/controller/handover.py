@@ -185,11 +185,14 @@ class Handover:
         return max(due, math.ceil(due / step) * step)  # max: a step of no exact binary value may round below
 
     def read_after(self, cleared: Cleared, now: float | None = None) -> float:
-        """The moment a fresh claim list for ``cleared`` must start after: its wave's end, and
-        no more than one grace before now (a later reconcile of the node, e.g. after a drain,
-        reads claims again instead of reusing an old answer)."""
+        """The moment a fresh claim list for ``cleared`` must start after: the end of every
+        grace it has (its wave's list, started at the wave's end, is later still), and no more
+        than one grace before now (a later reconcile of the node, e.g. after a drain, reads
+        claims again instead of reusing an old answer). Not the wave's end recomputed: the
+        step may have changed since the node joined its wave, and a boundary on a new grid
+        can fall after the list its wave read."""
         now = time.monotonic() if now is None else now
-        return max(self.wave_end(max(due for _, due in cleared.values())), now - self.grace)
+        return max(max(due for _, due in cleared.values()), now - self.grace)
 
     def fresh_for(self, node: str, cleared: Cleared, now: float | None = None) -> Holds | None:
         """Every claim's hold from a list started after every grace of ``cleared`` (its wave's

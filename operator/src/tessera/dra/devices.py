@@ -111,7 +111,7 @@ class GpuDevices:
     problems: tuple[str, ...] = field(default=())
 
 
-@lru_cache(maxsize=1024)  # a fleet has few memory sizes, and every decision formats each device's
+@lru_cache(maxsize=1024)  # a fleet has few memory sizes, and every decision formats every device's memory
 def _quantity(value: int) -> str:
     """The canonical Kubernetes form of a whole number of bytes or units (``85521956864`` →
     ``81559Mi``), which is what the apiserver returns, so stored and built slices compare equal."""
