@@ -322,3 +322,30 @@ def test_a_wave_never_ends_before_the_grace_it_rounds_up() -> None:
         assert end >= due, (due, step, end)
         assert end - due < step + 1e-9, (due, step, end)
         assert end == due or abs(end / step - round(end / step)) < 1e-6, (due, step, end)
+
+
+async def test_a_waves_list_serves_its_nodes_after_the_step_has_changed() -> None:
+    """A node joins its wave on the grid of half a grace; the wave's list is read at the wave's
+    end, and then lists turn out cheap (a step of 0.13 s, whose grid has no point there): the
+    node still takes the list its wave read, and asks for no other."""
+    lists: list[float] = []
+
+    async def listing() -> list[dict[str, Any]]:
+        lists.append(time.monotonic())
+        return []
+
+    fresh, enqueued = FreshClaims(listing), Enqueued()
+    rooms = Handover(fresh, GRACE, Callbacks(), enqueued)
+    boundary = math.ceil(time.monotonic() / 0.5) * 0.5 + 0.5
+    rooms.handed_over(NODE, deciding(drain("GPU-a", {"gpu-0"})), now=boundary - GRACE)  # due at the boundary
+    assert rooms.waves() == {boundary: {NODE}}
+    await wait_for(lambda: enqueued.nodes, timeout=5, interval=0.005)
+    assert len(lists) == 1
+    assert lists[0] >= boundary
+    fresh.seconds = 0.0325  # four times that: a step of 0.13 s
+    assert math.ceil(boundary / 0.13) * 0.13 > lists[0], "on the new grid the wave would end after its list"
+    cleared = rooms.handed_over(NODE, deciding(drain("GPU-a", {"gpu-0"})))
+    assert rooms.fresh_for(NODE, cleared) is not None, "the wave's own list"
+    await asyncio.sleep(0.05)
+    assert len(lists) == 1, "and no other list"
+    rooms.stop()
