@@ -923,10 +923,13 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
         fleet_writes = fleet.status_writes()
         rollout_writes.recording = True
         fleet.recording = True
-        profiles: list[tuple[str, asyncio.Task[None]]] = []
+        profiles: list[tuple[str, Path, asyncio.Task[None]]] = []  # (what, where, its fetch)
+
+        def profile_apiserver(what: str, path: Path) -> None:
+            profiles.append((what, path, asyncio.create_task(asyncio.to_thread(fetch_profile, cluster, pprof, path))))
+
         if pprof:
-            profiles.append(("the rollout", asyncio.create_task(asyncio.to_thread(
-                fetch_profile, cluster, pprof, PPROF_DIR / f"apiserver-rollout-n{n}.pprof"))))
+            profile_apiserver("the rollout", PPROF_DIR / f"apiserver-rollout-n{n}.pprof")
         t0 = time.monotonic()
         cluster.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(MIG_POLICY))
         published_at: float | None = None
@@ -1039,8 +1042,7 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
             await restore(kube, state_before, concurrency)
             cpu_before, counts_before = cpu_by_child(), apiserver_counts(cluster)
             if pprof and concurrency == max(concurrencies):
-                profiles.append(("the replay with the agents' writes", asyncio.create_task(asyncio.to_thread(
-                    fetch_profile, cluster, pprof, PPROF_DIR / f"apiserver-replay-n{n}.pprof"))))
+                profile_apiserver("the replay with the agents' writes", PPROF_DIR / f"apiserver-replay-n{n}.pprof")
             with_agents.append(await replay(kube, rollout_writes.writes(with_agents=True), concurrency))
             fig[f"floor+agents: raw, {concurrency} nodes at once"] = (
                 f"{with_agents[-1]:.1f}s (apiserver CPU {apiserver_cpu(cpu_before):.1f} s, "
@@ -1056,10 +1058,9 @@ async def run_one(n: int, args: argparse.Namespace, workdir: Path) -> Result:
               f"(floor {floor_agents:.1f} s)", flush=True)
         print(f"rollout/cpu-bound N={n}: {(published_at - t0) / bound:.2f}x "
               f"({cpu_to_published:.1f} CPU s of every process over {cores} cores = {bound:.1f} s)", flush=True)
-        for what, task in profiles:
+        for what, path, task in profiles:
             await task
-            print_pprof(cluster, PPROF_DIR / f"apiserver-{'rollout' if what == 'the rollout' else 'replay'}-n{n}.pprof",
-                        f"the apiserver's CPU over {pprof} s of {what}, N={n}")
+            print_pprof(cluster, path, f"the apiserver's CPU over {pprof} s of {what}, N={n}")
         return result
     except BaseException:
         for process in processes.processes:
