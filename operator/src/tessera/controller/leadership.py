@@ -44,7 +44,6 @@ what a leader does (``tessera.controller.runtime``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import threading
@@ -61,6 +60,7 @@ from tessera.controller.runtime import Controller
 from tessera.kube.fence import WriteFence
 from tessera.kube.http import KubeClient
 from tessera.kube.lease import LeaseElector, LeaseTiming, default_identity
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.operator")
 
@@ -144,9 +144,7 @@ class Leadership:
             if election.done() and not election.cancelled() and election.exception() is not None:
                 log.error("the leader election ended", error=repr(election.exception()))
         finally:
-            election.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await election
+            await cancel(election)
             await self.elector.release()
             await self._lease_client.close()
             self._halt.set()  # so that the waiting thread ends when the election did first

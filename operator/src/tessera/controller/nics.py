@@ -17,7 +17,6 @@ Not for: building devices (``tessera.dra.nics``) or anything of GPUs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from tessera.kube.watch import ListWatch
 from tessera.models.conditions import Condition, set_condition
 from tessera.models.network import NetworkSharingPolicy
 from tessera.models.nics import NicStatus
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.operator.nics")
 
@@ -200,10 +200,7 @@ class NicPublisher:
         self._worker = asyncio.create_task(self._run(), name="nic-publisher")
 
     async def stop(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._worker
+        await cancel(self._worker)
         for watch in self._watches:
             await watch.stop()
 

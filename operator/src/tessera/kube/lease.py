@@ -40,6 +40,7 @@ import structlog
 
 from tessera.kube.fence import WriteFence
 from tessera.kube.http import ApiError, KubeClient, resource_path, retry_delay
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.kube.lease")
 
@@ -121,9 +122,7 @@ class LeaseElector:
                 await self._keep()
                 self._stop_leading("lost the lease")
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel(watcher)
 
     async def _acquire(self) -> None:
         """Until this process holds the lease."""

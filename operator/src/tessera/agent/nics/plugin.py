@@ -50,6 +50,7 @@ from tessera.kube.http import KubeClient, resource_path
 from tessera.models.allocation import allocation_results
 from tessera.models.nics import NicStatus
 from tessera.models.quantity import parse_quantity
+from tessera.tasks import cancel
 
 log = structlog.get_logger("tessera.agent.nics")
 
@@ -336,11 +337,8 @@ class NicKubeletPlugin:
 
     async def stop(self) -> None:
         self._stopping.set()  # health streams end now, not after the grace period
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
-            self._watcher = None
+        await cancel(self._watcher)
+        self._watcher = None
         for server, socket in zip(
             reversed(self._servers), (self.config.registration_socket, self.config.dra_socket), strict=False
         ):

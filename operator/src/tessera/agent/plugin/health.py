@@ -15,7 +15,6 @@ Not for: deciding health (``tessera.agent.health``, ``tessera.agent.nics.health`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from tessera.agent.health import DeviceHealth, HealthSource
 from tessera.agent.plugin.proto import dra_health_v1alpha1_pb2 as pb
 from tessera.agent.plugin.rpc import ServerStream, Service
+from tessera.tasks import cancel
 
 HEALTH_SERVICE = "v1alpha1.DRAResourceHealth"
 MAX_MESSAGE = 1024  # what the kubelet keeps
@@ -61,10 +61,7 @@ async def watch_resources(
             try:
                 await asyncio.wait(waits, timeout=refresh_s, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for w in waits:
-                    w.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await w
+                await cancel(*waits)
     finally:
         source.unsubscribe(changed)
 
