@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 
+from tessera.controller import runtime
 from tessera.controller.decide import NodeDecision
 from tessera.controller.nics import NicPublisher
 from tessera.controller.publisher import slice_stub
@@ -92,6 +93,69 @@ def test_a_claim_event_enqueues_every_node_whose_devices_it_holds_or_held() -> N
     controller.claim_seen("DELETED", claim)
     assert controller.enqueued == ["node-a", "node-b", "node-a", "node-b"]
     assert controller.fleet.claims == {}
+
+
+def _with_uid(body: dict[str, Any], uid: str) -> dict[str, Any]:
+    return {**body, "metadata": {**body["metadata"], "uid": uid}}
+
+
+def test_a_deleted_claim_never_comes_back_from_a_watch_that_runs_behind() -> None:
+    """The ordered claim watch told the deletion first; Kopf's watch, behind it, then brings the
+    claim's older events. They are old news: the devices are not held again."""
+    controller = RecordingController()
+    old = _with_uid(claim_body("c", ["gpu-0"], pods=["p"]), "uid-1")
+    controller.claim_seen("ADDED", old)  # Kopf
+    controller._claim_gone(old)  # the ordered watch
+    assert controller.fleet.claims == {}
+
+    controller.claim_seen("MODIFIED", old)  # Kopf, late
+    assert controller.fleet.claims == {}, "a deleted claim was held again"
+    assert controller.fleet.holders(NODE) == {}
+    controller.claim_seen("DELETED", old)  # Kopf's own deletion changes nothing more
+    assert controller.enqueued == [NODE, NODE]
+
+    fleeting = _with_uid(claim_body("d", ["gpu-1"]), "uid-2")
+    controller._claim_gone(fleeting)  # created and deleted before Kopf told of either
+    controller.claim_seen("ADDED", fleeting)
+    assert controller.fleet.claims == {}
+    assert controller.enqueued == [NODE, NODE]
+
+
+def test_the_deletion_of_an_older_claim_leaves_the_newer_claim_of_that_name_holding() -> None:
+    controller = RecordingController()
+    old = _with_uid(claim_body("c", ["gpu-0"]), "uid-old")
+    new = _with_uid(claim_body("c", ["gpu-1"]), "uid-new")
+    controller.claim_seen("ADDED", old)
+    controller.claim_seen("DELETED", old)  # Kopf: deleted, then created again under the name
+    controller.claim_seen("ADDED", new)
+    controller._claim_gone(old)  # the ordered watch tells the old deletion late
+    held = controller.fleet.claims["default/c"]
+    assert held.uid == "uid-new"
+    assert controller.fleet.holders(NODE).keys() == {"gpu-1"}
+
+    controller.claim_seen("DELETED", new)
+    assert controller.fleet.claims == {}
+
+
+def test_deleted_claims_are_remembered_for_a_while_not_for_ever(monkeypatch: pytest.MonkeyPatch) -> None:
+    controller = RecordingController()
+    now = [1000.0]
+    monkeypatch.setattr(runtime.time, "monotonic", lambda: now[0])
+    for i in range(300):
+        controller._claim_gone(_with_uid(claim_body(f"c{i}"), f"uid-{i}"))
+        now[0] += 1.0
+    assert len(controller._deleted_claims) == 300
+    now[0] += runtime.DELETED_CLAIM_MEMORY_S
+    controller._claim_gone(_with_uid(claim_body("last"), "uid-last"))
+    controller._claim_gone(_with_uid(claim_body("last"), "uid-last"))  # told twice: remembered once
+    now[0] += 1.0
+    for i in range(10):
+        controller._claim_gone(_with_uid(claim_body(f"more{i}"), f"uid-more-{i}"))
+    assert set(controller._deleted_claims) == {"uid-last"} | {f"uid-more-{i}" for i in range(10)}
+    assert list(controller._deleted_claims.values()) == sorted(controller._deleted_claims.values())
+
+    controller.claim_seen("ADDED", _with_uid(claim_body("c0", ["gpu-0"]), "uid-0"))
+    assert "default/c0" in controller.fleet.claims, "a uid forgotten is taken at its word"
 
 
 def test_a_policy_change_decides_every_node_again_and_an_unchanged_one_does_not() -> None:

@@ -565,9 +565,45 @@ class Campaign:
                        message="no device to stay tainted for a drain or a reservation once every claim is gone")
         await self.wait_converged(timeout=120)
 
+    def _settled(self) -> bool:
+        """Every agent has reported its spec, and every GPU an Adaptive policy cut is back on
+        the policy's idle layout (with every claim gone, the leader takes it there once its
+        cooldown ends)."""
+        layouts, policies = self._items("nodelayouts"), self._items("sharingpolicies")
+        if layouts is None or policies is None:
+            return False
+        idle = {p["metadata"]["name"]: ((p.get("spec") or {}).get("adaptive") or {}).get("idle") for p in policies}
+        for body in layouts:
+            if (body.get("status") or {}).get("observedGeneration") != body["metadata"].get("generation"):
+                return False
+            for gpu in (body.get("spec") or {}).get("gpus") or []:
+                if gpu.get("menuLayout") and gpu["menuLayout"] != idle.get(gpu.get("policy")):
+                    return False
+        return True
+
+    async def wait_quiet(self, quiet: float = 3.0, timeout: float = 90.0) -> None:
+        """Before the restart check: no replica has written for ``quiet`` seconds and the
+        cluster is ``_settled``. A restart "with nothing new" must find nothing left to do; a
+        leader that never stops writing fails here."""
+        last: float | None = None
+        since = time.monotonic()
+        deadline = since + timeout
+        while time.monotonic() < deadline:
+            counts = [p.metrics() for p in self._replicas()]
+            total = None if not all(counts) else sum(
+                v for m in counts for k, v in m.items() if k.startswith("tessera_operator_api_writes_total"))
+            if total is None or total != last:
+                last, since = total, time.monotonic()
+            elif time.monotonic() - since >= quiet and self._settled():
+                return
+            await asyncio.sleep(0.5)
+        raise TimeoutError(f"the operator did not go quiet ({quiet:.0f} s without a write, every layout "
+                           f"reported and every adaptive GPU idle) within {timeout:.0f} s")
+
     async def restart_writes(self) -> float:
         """API writes a restarted operator makes when nothing changed (must be 0). Both replicas
         stop (handing the lease over), and one starts again: it leads at once."""
+        await self.wait_quiet()
         for process in self._replicas():
             process.stop()
             self.tessera.processes.remove(process)

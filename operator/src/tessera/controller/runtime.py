@@ -71,6 +71,9 @@ DEFAULT_HANDOVER_GRACE = 1.0  # seconds between the taint's write and the claims
 DEFAULT_WORKERS = 8
 # Kopf's finalizer from before leader election (Kopf now writes nothing): lifted by the leader.
 LEGACY_FINALIZER = "tessera.dev/operator"
+# How long a deleted claim's uid is remembered: far longer than one claim watch can run behind the
+# other (a watch silent for 90 s is reopened), short enough that the set stays small.
+DELETED_CLAIM_MEMORY_S = 600.0
 
 
 class Controller:
@@ -120,6 +123,8 @@ class Controller:
         # room's watches, so the cluster's largest objects are watched and decoded once.
         self._node_followers: list[OnEvent] = []
         self._layout_followers: list[OnEvent] = []
+        # uid -> when it went: claims deleted, as either claim watch told it (see claim_seen).
+        self._deleted_claims: dict[str, float] = {}
 
     @property
     def policy_epoch(self) -> int:
@@ -472,10 +477,27 @@ class Controller:
         self.enqueue(name)
 
     def claim_seen(self, event_type: str, body: Mapping[str, Any]) -> None:
-        """A ResourceClaim event: the nodes whose devices it holds or held are decided again."""
+        """A ResourceClaim event: the nodes whose devices it holds or held are decided again.
+
+        Two watches tell claim events: Kopf's (every event) and the ordered one of
+        ``ClaimChecks`` (deletions, ``_claim_gone``), and either may run behind the other. A
+        uid is never reused, so an event of a claim already deleted is old news and changes
+        nothing: without that, Kopf's late events would bring a deleted claim back, holding its
+        devices for good if Kopf's watch then started over (a relist says nothing of a claim
+        that is gone). And a deletion of an older claim of the same name leaves the newer
+        claim's hold where it is."""
         meta = body["metadata"]
+        uid = str(meta.get("uid") or "")
         if event_type == "DELETED":
+            if uid:
+                self._bury_claim(uid)
+            key = f"{meta.get('namespace', '')}/{meta['name']}"
+            held = self.fleet.claims.get(key)
+            if uid and held is not None and held.uid and held.uid != uid:
+                return
             nodes = self.fleet.remove_claim(str(meta.get("namespace", "")), str(meta["name"]))
+        elif uid in self._deleted_claims:
+            return
         else:
             nodes = self.fleet.set_claim(body)
         self.demand.claim_seen(event_type, body)
@@ -484,11 +506,24 @@ class Controller:
 
     def _claim_gone(self, body: Mapping[str, Any]) -> None:
         """A claim deletion the ordered claim watch saw (``ClaimChecks``): Kopf's handler
-        usually has it already; after Kopf's watch started over it never will."""
+        usually has it already; after Kopf's watch started over it never will. Its uid is
+        remembered even when the view does not hold it (yet): Kopf may not have told its
+        creation."""
         meta = body.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         if key in self.fleet.claims or key in self.fleet.pending_claims:
             self.claim_seen("DELETED", body)
+        elif uid := str(meta.get("uid") or ""):
+            self._bury_claim(uid)
+
+    def _bury_claim(self, uid: str) -> None:
+        now = time.monotonic()
+        self._deleted_claims.pop(uid, None)
+        self._deleted_claims[uid] = now  # the dict stays in the order of these times
+        for old, when in list(itertools.islice(self._deleted_claims.items(), 64)):
+            if when > now - DELETED_CLAIM_MEMORY_S:
+                break
+            del self._deleted_claims[old]
 
     def slice_seen(self, event_type: str, body: dict[str, Any]) -> None:
         """A watch event for one of our slices: someone else's change to a node's slices (see
