@@ -16,6 +16,7 @@ from typing import TypeVar
 import kopf
 from prometheus_client import start_http_server
 
+from tessera import gctuning
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS
 from tessera.kube.lease import LeaseTiming
 from tessera.kube.watch import idle_timeout_from_environment
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"tessera operator: {exc}") from None
     configure_logging(args.log_level, json=True if args.log_json else None)
+    gctuning.tune()
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
     os.environ["TESSERA_HANDOVER_GRACE"] = str(args.handover_grace)  # read by the startup handler
