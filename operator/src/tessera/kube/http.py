@@ -31,12 +31,12 @@ retry loop of Tessera asks it: the operator's reconcile of a node and its start-
 and its wait for its NodeLayout, and Kopf's own ``error_backoffs``. One schedule of its own:
 ``CONFLICT_BACKOFF``, for a write that lost an optimistic-concurrency race (409 Conflict) and is
 read and tried again at once: the other writer is done within milliseconds, not seconds.
-JSON is written with orjson and read with the standard library. At 1,000 nodes the operator's
-profile spent 5.8 s in ``json.dumps``; orjson writes a node's MIG slice 15x faster
-(``benchmarks/bench_json.py``). It also reads one 2x faster, but an operator that read with it
-peaked 17 MiB higher at 1,000 MIG nodes (241 MiB against 224, and held 12 MiB more once quiet),
-which the 5,000-node memory target cannot spare; so only the answers to writes are read with
-it (a rollout's slice writes: 9% of the operator's CPU was reading their answers).
+JSON is written and read with orjson. At 1,000 nodes the operator's profile spent 5.8 s in
+``json.dumps``; orjson writes a node's MIG slice 15x faster and reads it 1.9x faster, a
+NodeLayout's status 2.7x (``benchmarks/bench_json.py``). Reading with it once cost the operator
+17 MiB more at 1,000 MIG nodes, when its views kept whole objects; they keep models and digests
+now, and over 1,000 nodes its peak RSS was 130 MiB with either reader (120 MiB against 117-118
+after a restart). An error's body, which may be anything, is read with the standard library.
 Not for: what the calls mean (``tessera.kube.nodelayouts``, ``claims``, ``claimstatus``,
 ``objects``), keeping a view current (``tessera.kube.watch``), or which errors are worth another
 try (the callers decide).
@@ -415,9 +415,7 @@ class KubeClient:
             raise
         if not data:
             return {}
-        # A write's answer is read with orjson (twice as fast): its callers keep a digest or a
-        # parsed model of it, not its dicts. Reads, which feed the views, stay with json.
-        answer: dict[str, Any] = orjson.loads(data) if method in ("PUT", "PATCH", "POST") else json.loads(data)
+        answer: dict[str, Any] = orjson.loads(data)
         return answer
 
     async def _send(self, method: str, path: str, params: Mapping[str, Any] | None, body: Any,
@@ -541,9 +539,9 @@ async def _json_lines(stream: aiohttp.StreamReader) -> AsyncIterator[dict[str, A
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
             if line.strip():
-                yield json.loads(line)
+                yield orjson.loads(line)
     if buffer.strip():
-        yield json.loads(buffer)
+        yield orjson.loads(buffer)
 
 
 def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
