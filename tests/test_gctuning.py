@@ -48,3 +48,18 @@ def test_each_collection_is_timed_once_into_its_generation() -> None:
     after = [_seconds(g) for g in range(3)]
     assert after[2] > before[2], "a full collection's time is counted under generation 2"
     assert after[:2] == before[:2], "and under no other"
+
+
+@pytest.mark.usefixtures("restored_gc")
+def test_freeze_leaves_what_is_alive_out_of_later_walks_and_frees_it_still_by_count() -> None:
+    kept = [[] for _ in range(50_000)]  # alive when frozen
+    try:
+        gctuning.freeze()
+        assert gc.get_freeze_count() >= len(kept)
+        tracked = len(gc.get_objects())  # what a full collection walks: frozen objects are not among them
+        assert tracked < gc.get_freeze_count()
+        frozen = gc.get_freeze_count()
+        del kept
+        assert gc.get_freeze_count() <= frozen - 50_000, "frozen objects are still freed by reference counting"
+    finally:
+        gc.unfreeze()

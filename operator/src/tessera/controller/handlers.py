@@ -20,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from tessera import API_GROUP
+from tessera import API_GROUP, gctuning
 from tessera.controller.leadership import Leadership, LeaseSettings
 from tessera.controller.nics import NicPublisher
 from tessera.controller.runtime import DEFAULT_HANDOVER_GRACE, DEFAULT_WORKERS, Controller
@@ -138,6 +138,7 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
     controller.share_watches(memo.nics.node_seen, memo.nics.layout_seen)  # one watch each, for both rooms
     await controller.start()
     await memo.nics.start(watch_nodes=False)
+    gctuning.freeze()  # the view the start's lists built is long-lived: later full collections skip it
 
 
 @kopf.on.cleanup(registry=registry)
