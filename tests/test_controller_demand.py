@@ -469,3 +469,29 @@ async def test_a_claim_one_gpu_can_host_keeps_no_node() -> None:
     await demand.run_pass()
     assert view.fleet.adaptive_reserved == {}
     assert events == []
+
+
+async def test_a_restarted_operators_first_status_pass_rewrites_nothing_before_any_demand_pass() -> None:
+    """A new leader's status pass can come before its first demand pass: each GPU's row is then
+    what the policy status recorded of the layout its spec names, recut or back at idle."""
+    view, _, clock, _ = setup(gpus=1)
+    first_wall = FakeWallClock()
+    demand = AdaptiveDemand(view, setup(gpus=1)[1].post_event, clock=clock, wall_clock=first_wall)
+    await _recut_then_free(view, demand, clock)
+    recut = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    restarted, _, _ = _restarted(view, recut)
+    assert restarted.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus()) == recut
+
+    clock.now += 61  # past the cooldown: the first process takes the free GPU back to idle, at a recorded time
+    first_wall.now += timedelta(seconds=61)
+    await demand.run_pass()
+    assert view.fleet.adaptive_choices[gpu(0).uuid] == "whole"
+    view.decide()
+    target = view.decisions[NODE].gpus[0].target  # the agent applies the idle layout
+    assert target is not None
+    assert target.menu_layout in (None, "whole")
+    view.fleet.set_layout(layout_body([status_after(gpu(0), target)], [target]))
+    idle = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    assert [(r.layout, r.since) for r in idle.adaptive] == [("whole", "2026-12-04T12:01:01Z")]
+    restarted, _, _ = _restarted(view, idle)
+    assert restarted.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus()) == idle

@@ -96,7 +96,9 @@ class CampaignReport:
     stale_allocations: list[str] = field(default_factory=list)
     convergence: list[float] = field(default_factory=list)  # seconds from faults stopping to converged
     restart_writes: float = -1.0
+    quiet_wait: float = 0.0  # seconds the restart check waited for the leader to go quiet
     restart_write_kinds: dict[str, float] = field(default_factory=dict)  # by the metric's labels
+    restart_status_changes: list[str] = field(default_factory=list)  # policy status fields the restart changed
     writes_checked: int = 0  # operator writes set against every replica's terms (never two writers)
     leader_terms: int = 0
     recuts_for_claims: int = 0  # AdaptiveRecut Events: GPUs an Adaptive policy recut for a waiting claim
@@ -117,8 +119,10 @@ class CampaignReport:
             f"apiserver was down), {self.checks} invariant checks, {len(self.violations)} violations "
             f"({len(self.stale_allocations)} stale-view allocations of removed devices apart); "
             f"convergence after faults stop: p50 {p50:.1f} s, p99 {p99:.1f} s over {len(conv)} quiet periods; "
-            f"writes of a restarted operator with nothing new: {self.restart_writes:.0f}"
-            f"{' ' + str(self.restart_write_kinds) if self.restart_write_kinds else ''}; "
+            f"writes of a restarted operator with nothing new (after {self.quiet_wait:.1f} s quiet wait): "
+            f"{self.restart_writes:.0f}"
+            f"{' ' + str(self.restart_write_kinds) if self.restart_write_kinds else ''}"
+            f"{' ' + '; '.join(self.restart_status_changes) if self.restart_status_changes else ''}; "
             f"adaptive recuts for waiting claims: {self.recuts_for_claims}, nodes kept for pairs: {self.nodes_kept}; "
             f"{self.writes_checked} operator writes in {self.leader_terms} leader terms checked for a second writer"
         )
@@ -603,7 +607,10 @@ class Campaign:
     async def restart_writes(self) -> float:
         """API writes a restarted operator makes when nothing changed (must be 0). Both replicas
         stop (handing the lease over), and one starts again: it leads at once."""
+        started = time.monotonic()
         await self.wait_quiet()
+        self.report.quiet_wait = time.monotonic() - started
+        before = {p["metadata"]["name"]: p.get("status") or {} for p in self._items("sharingpolicies") or []}
         for process in self._replicas():
             process.stop()
             self.tessera.processes.remove(process)
@@ -620,4 +627,12 @@ class Campaign:
         writes = {k.removeprefix("tessera_operator_api_writes_total"): v for k, v in metrics.items()
                   if k.startswith("tessera_operator_api_writes_total") and v}
         self.report.restart_write_kinds = writes
+        if writes:  # say what a restart's write changed in the policies' status, for the next reader
+            after = {p["metadata"]["name"]: p.get("status") or {} for p in self._items("sharingpolicies") or []}
+            for name in sorted(before.keys() | after.keys()):
+                old, new = before.get(name, {}), after.get(name, {})
+                for key in sorted(old.keys() | new.keys()):
+                    if old.get(key) != new.get(key):
+                        was, now = json.dumps(old.get(key))[:600], json.dumps(new.get(key))[:600]
+                        self.report.restart_status_changes.append(f"{name}.status.{key}: {was} -> {now}")
         return float(sum(writes.values()))

@@ -473,13 +473,18 @@ class AdaptiveDemand:
             return status
         rows: list[AdaptiveGpuLayout] = []
         for node, decision in sorted(self.controller.decisions.items()):
+            view = self.controller.fleet.nodes.get(node)
+            specs = view.layout.spec if view is not None and view.layout is not None else None
             for plan in decision.plan.for_node(node):
                 if plan.policy != policy.name:
                     continue
                 choice = self.choices.get(plan.gpu.uuid)
-                layout = choice.layout if choice else adaptive.idle
-                reason = choice.reason if choice else "idle default"
-                rows.append(AdaptiveGpuLayout(node=node, gpu=plan.gpu.uuid, index=plan.gpu.index, layout=layout,
-                                              reason=reason[:256], since=choice.chosen_at if choice else None))
+                if choice is None:  # not chosen for by this process yet (it has just started): as recorded
+                    spec = specs.for_gpu(plan.gpu.uuid) if specs is not None else None
+                    current = spec.menu_layout if spec is not None and spec.menu_layout else adaptive.idle
+                    choice = self.choices[plan.gpu.uuid] = self._remembered(policy, plan.gpu.uuid, current,
+                                                                             self.clock())
+                rows.append(AdaptiveGpuLayout(node=node, gpu=plan.gpu.uuid, index=plan.gpu.index, layout=choice.layout,
+                                              reason=choice.reason[:256], since=choice.chosen_at))
         recut = sum(1 for r in rows if r.layout != adaptive.idle)
         return status.model_copy(update={"adaptive": rows[:100], "gpus_recut": recut})
