@@ -253,21 +253,22 @@ def _restarted(view: View, status: SharingPolicyStatus | None) -> tuple[Adaptive
     return AdaptiveDemand(view, post, clock=clock, wall_clock=wall), clock, wall
 
 
-async def test_the_status_records_when_each_layout_was_chosen() -> None:
+async def _recut_on_a_wall_clock() -> tuple[View, AdaptiveDemand, FakeClock, FakeWallClock, SharingPolicyStatus]:
+    """``_recut_then_free`` by a process with a wall clock of its own; the policy status after it."""
     view, _, clock, _ = setup(gpus=1)
     wall = FakeWallClock()
     demand = AdaptiveDemand(view, setup(gpus=1)[1].post_event, clock=clock, wall_clock=wall)
     await _recut_then_free(view, demand, clock)
-    status = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    return view, demand, clock, wall, demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+
+
+async def test_the_status_records_when_each_layout_was_chosen() -> None:
+    _, _, _, _, status = await _recut_on_a_wall_clock()
     assert [(r.layout, r.since) for r in status.adaptive] == [("halves", "2026-12-04T12:00:00Z")]
 
 
 async def test_a_restarted_operator_counts_the_cooldown_from_the_recorded_choice() -> None:
-    view, _, clock, _ = setup(gpus=1)
-    first_wall = FakeWallClock()
-    demand = AdaptiveDemand(view, setup(gpus=1)[1].post_event, clock=clock, wall_clock=first_wall)
-    await _recut_then_free(view, demand, clock)
-    status = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    view, _, _, first_wall, status = await _recut_on_a_wall_clock()
 
     restarted, clock, wall = _restarted(view, status)
     wall.now = first_wall.now + timedelta(seconds=30)
@@ -474,11 +475,7 @@ async def test_a_claim_one_gpu_can_host_keeps_no_node() -> None:
 async def test_a_restarted_operators_first_status_pass_rewrites_nothing_before_any_demand_pass() -> None:
     """A new leader's status pass can come before its first demand pass: each GPU's row is then
     what the policy status recorded of the layout its spec names, recut or back at idle."""
-    view, _, clock, _ = setup(gpus=1)
-    first_wall = FakeWallClock()
-    demand = AdaptiveDemand(view, setup(gpus=1)[1].post_event, clock=clock, wall_clock=first_wall)
-    await _recut_then_free(view, demand, clock)
-    recut = demand.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus())
+    view, demand, clock, first_wall, recut = await _recut_on_a_wall_clock()
     restarted, _, _ = _restarted(view, recut)
     assert restarted.with_status(view.fleet.policies["adaptive"], SharingPolicyStatus()) == recut
 

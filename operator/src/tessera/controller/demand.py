@@ -285,11 +285,7 @@ class AdaptiveDemand:
                 if policy is None or policy.spec.adaptive is None:
                     continue
                 gpu = plan.gpu
-                spec = view.layout.spec.for_gpu(gpu.uuid)
-                current = spec.menu_layout if spec is not None and spec.menu_layout else policy.spec.adaptive.idle
-                choice = self.choices.get(gpu.uuid)
-                if choice is None:  # first seen, or the operator restarted
-                    choice = self.choices[gpu.uuid] = self._remembered(policy, gpu.uuid, current, now)
+                current, choice = self._choice(policy, view.layout.spec.for_gpu(gpu.uuid), gpu.uuid, now)
                 reported = status.gpu(gpu.uuid) if status is not None else None
                 wanted = decided.get(gpu.uuid)
                 applying = (
@@ -313,6 +309,16 @@ class AdaptiveDemand:
                 cooled = now - choice.since >= policy.spec.adaptive.cooldown_seconds
                 out.append(AdaptiveGpu(node, gpu, policy, current, not busy and not applying and cooled))
         return _Gpus(out, under_way, free, {n: frozenset(u) for n, u in node_gpus.items()}, frozenset(busy_gpus))
+
+    def _choice(self, policy: SharingPolicy, spec: GpuLayout | None, gpu: str, now: float) -> tuple[str, _Choice]:
+        """The menu layout a GPU's ``spec`` names (the idle one when it names none), and this
+        process's choice for the GPU: when first seen, or after a restart, ``_remembered``."""
+        assert policy.spec.adaptive is not None
+        current = spec.menu_layout if spec is not None and spec.menu_layout else policy.spec.adaptive.idle
+        choice = self.choices.get(gpu)
+        if choice is None:
+            choice = self.choices[gpu] = self._remembered(policy, gpu, current, now)
+        return current, choice
 
     def _remembered(self, policy: SharingPolicy, gpu: str, layout: str, now: float) -> _Choice:
         """A GPU this process has not chosen for yet: what the policy's status recorded of it.
@@ -472,18 +478,17 @@ class AdaptiveDemand:
         if adaptive is None:
             return status
         rows: list[AdaptiveGpuLayout] = []
+        now = self.clock()
         for node, decision in sorted(self.controller.decisions.items()):
             view = self.controller.fleet.nodes.get(node)
             specs = view.layout.spec if view is not None and view.layout is not None else None
             for plan in decision.plan.for_node(node):
                 if plan.policy != policy.name:
                     continue
-                choice = self.choices.get(plan.gpu.uuid)
-                if choice is None:  # not chosen for by this process yet (it has just started): as recorded
-                    spec = specs.for_gpu(plan.gpu.uuid) if specs is not None else None
-                    current = spec.menu_layout if spec is not None and spec.menu_layout else adaptive.idle
-                    choice = self.choices[plan.gpu.uuid] = self._remembered(policy, plan.gpu.uuid, current,
-                                                                             self.clock())
+                # A status pass may come before this process's first demand pass (it has just
+                # started): the choice is then what the status recorded, as that pass would take it.
+                spec = specs.for_gpu(plan.gpu.uuid) if specs is not None else None
+                _, choice = self._choice(policy, spec, plan.gpu.uuid, now)
                 rows.append(AdaptiveGpuLayout(node=node, gpu=plan.gpu.uuid, index=plan.gpu.index, layout=choice.layout,
                                               reason=choice.reason[:256], since=choice.chosen_at))
         recut = sum(1 for r in rows if r.layout != adaptive.idle)
